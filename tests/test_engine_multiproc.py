@@ -1,0 +1,88 @@
+"""The real vLLM engine with multiprocessing on: bootstrap() ran exactly once inside the spawned
+EngineCore/worker process, the GDN patch is live there, and the engine generates the tokens a
+float32 transformers run of the same weights accepts."""
+import json
+import os
+
+import pytest
+
+pytestmark = pytest.mark.engine
+
+SCRIPT = r"""
+import json, os, sys
+def worker_state(self=None):
+    import os, vllm_platform_ext as v
+    import vllm.model_executor.layers.mamba.ops.cpu.gdn_attention as g
+    from vllm_platform_ext.wiring.gdn_cpu import spec_aware_core
+    info = v.bootstrap_info()
+    return {"pid": os.getpid(), "runs": info["runs"], "summary": info["summary"],
+            "gdn_patched": g._cpu_gdn_attention_spec_aware is spec_aware_core}
+
+if __name__ == "__main__":
+    from vllm import LLM, SamplingParams
+    llm = LLM(model=sys.argv[1], skip_tokenizer_init=True, dtype="bfloat16", max_model_len=256,
+              max_num_seqs=4, enforce_eager=True, seed=0, enable_prefix_caching=False,
+              speculative_config={"method": "ngram", "num_speculative_tokens": 3,
+                                  "prompt_lookup_min": 1, "prompt_lookup_max": 3})
+    states = llm.collective_rpc(worker_state)
+    prompts = [[5, 6, 7, 5, 6, 7, 5, 6, 7, 8], list(range(10, 60))]
+    outs = llm.generate([{"prompt_token_ids": p} for p in prompts],
+                        SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True, detokenize=False))
+    import vllm_platform_ext as v
+    print("JSON" + json.dumps({"main_pid": os.getpid(), "main_runs": v.bootstrap_info()["runs"],
+                               "workers": states, "prompts": prompts,
+                               "tokens": [list(o.outputs[0].token_ids) for o in outs]}))
+"""
+
+
+@pytest.fixture(scope="module")
+def tiny_next(tmp_path_factory):
+    import torch
+    from transformers import Qwen3NextConfig, Qwen3NextForCausalLM
+
+    cfg = Qwen3NextConfig(
+        vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
+        layer_types=["linear_attention"] * 3 + ["full_attention"], num_attention_heads=2,
+        num_key_value_heads=1, head_dim=32, linear_conv_kernel_dim=4, linear_key_head_dim=64,
+        linear_value_head_dim=64, linear_num_key_heads=2, linear_num_value_heads=4,
+        moe_intermediate_size=32, shared_expert_intermediate_size=32, num_experts_per_tok=2,
+        num_experts=4, max_position_embeddings=512, initializer_range=0.2,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25},
+    )
+    torch.manual_seed(0)
+    path = tmp_path_factory.mktemp("tiny_next")
+    Qwen3NextForCausalLM(cfg).to(torch.bfloat16).save_pretrained(path)
+    return path
+
+
+def test_bootstrap_once_in_spawned_engine_and_generation(tmp_path, tiny_next):
+    script = tmp_path / "engine_mp.py"
+    script.write_text(SCRIPT)
+    import subprocess
+    import sys
+
+    env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "1", "VLLM_ALLOW_INSECURE_SERIALIZATION": "1"}
+    proc = subprocess.run([sys.executable, str(script), str(tiny_next)], capture_output=True, text=True,
+                          env=env, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    out = json.loads([l for l in proc.stdout.splitlines() if l.startswith("JSON")][-1][4:])
+    (worker,) = out["workers"]
+    assert worker["pid"] != out["main_pid"], "collective_rpc ran in the main process: multiprocessing is off"
+    assert worker["runs"] == 1 and out["main_runs"] == 1
+    assert worker["gdn_patched"] and " 0 failed" in worker["summary"], worker
+
+    # The spawned engine's greedy tokens, audited by float32 transformers (teacher forcing).
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_next, dtype=torch.float32).eval()
+    bad = total = 0
+    for prompt, toks in zip(out["prompts"], out["tokens"]):
+        assert len(toks) == 16
+        with torch.no_grad():
+            logp = torch.log_softmax(model(torch.tensor([prompt + toks])).logits[0], -1)
+        for j, t in enumerate(toks):
+            row = logp[len(prompt) - 1 + j]
+            bad += bool(row.max() - row[t] > 0.5)
+            total += 1
+    assert bad <= 1, f"{bad}/{total} engine tokens rejected by transformers fp32"

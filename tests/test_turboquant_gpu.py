@@ -1,0 +1,262 @@
+"""GPU tests of the TurboQuant K+1 verify kernel (run on the GPU machine).
+
+Against a float64 dequantize-then-attend reference (``reference.py``) and against vLLM's own
+Triton store/decode kernels, loaded without vLLM from the files named by ``VLLM_TQ_SRC``
+(``.carry/vllm_tq``: copies from the vLLM 0.32 wheel) or from an installed vLLM.
+
+``python tests/test_turboquant_gpu.py --sanitize`` runs a small sweep meant for
+``compute-sanitizer`` (every preset, K+1 in {1, 4, 6}, GQA 6 and 8, split-KV, padding rows).
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+import torch
+
+from vllm_platform_ext.ops.turboquant import layout as L
+from vllm_platform_ext.ops.turboquant import reference as R
+from vllm_platform_ext.ops.turboquant import triton_verify as TV
+
+pytestmark = pytest.mark.gpu
+
+PRESETS = list(L.PRESETS)
+D = 256
+PAGE = 16
+
+
+def _need_cuda():
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+
+
+@pytest.fixture(scope="module")
+def upstream():
+    _need_cuda()
+    from vllm_platform_ext.ops.turboquant import upstream_kernels
+
+    return upstream_kernels.load(os.environ.get("VLLM_TQ_SRC"))
+
+
+def _tables(preset: str, dev="cuda"):
+    lay = L.layout_for(preset, D)
+    return lay, L.lloyd_max_centroids(D, lay.centroid_bits).to(dev), L.hadamard(D, dev)
+
+
+def make_cache(preset, seq_lens, hk, *, dev="cuda", seed=0, e4b15=False, store=None):
+    """Random K/V stored (reference store unless ``store`` given) into a head-major cache.
+
+    Returns (cache view [nb, PAGE, hk, slot], block_table int32 [B, max_blocks]).
+    """
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    lay, cent, H = _tables(preset, dev)
+    nblk = [(s + PAGE - 1) // PAGE for s in seq_lens]
+    total = sum(nblk) + 1
+    cache = torch.zeros(total, hk, PAGE, lay.slot_size_aligned, dtype=torch.uint8, device=dev)
+    view = cache.transpose(1, 2)  # vLLM hands the backend this transposed head-major view
+    perm = torch.randperm(total - 1, generator=g) + 1  # block 0 stays the null block
+    bt = torch.zeros(len(seq_lens), max(max(nblk), 1), dtype=torch.int32)
+    o = 0
+    for r, nb in enumerate(nblk):
+        bt[r, :nb] = perm[o : o + nb].int()
+        o += nb
+    bt = bt.to(dev)
+    for r, s in enumerate(seq_lens):
+        if s == 0:
+            continue
+        k = (torch.randn(s, hk, D, generator=g) * (0.3 if e4b15 else 1.5)).to(dev, torch.bfloat16)
+        v = torch.randn(s, hk, D, generator=g).to(dev, torch.bfloat16)
+        pos = torch.arange(s, device=dev)
+        slots = (bt[r].long()[pos // PAGE] * PAGE + pos % PAGE).int()
+        if store is None:
+            R.tq_store_reference(k, v, view, slots, preset, PiT=H, centroids=cent, fp8_e4b15=e4b15)
+        else:
+            store(k, v, view, slots)
+    return view, bt
+
+
+def rel_err(out, ref):
+    return ((out.float() - ref.float()).abs().max() / ref.float().abs().max().clamp_min(1e-6)).item()
+
+
+def run_both(preset, seq_lens, hq, hk, k1, *, qdtype=torch.float32, seed=0, **kw):
+    lay, cent, H = _tables(preset)
+    view, bt = make_cache(preset, seq_lens, hk, seed=seed)
+    sl = torch.tensor(seq_lens, dtype=torch.int32, device="cuda")
+    q = torch.randn(len(seq_lens) * k1, hq, D, device="cuda").to(qdtype)
+    args = dict(preset=preset, scale=D**-0.5, centroids=cent, PiT=H)
+    out = TV.turboquant_verify_attention(q, view, bt, sl, k1, **args, **kw)
+    ref = R.turboquant_verify_attention_reference(q.float(), view, bt, sl, k1, **args)
+    return out, ref, (q, view, bt, sl, args)
+
+
+# ---------------------------------------------------------------------------------------
+@pytest.mark.parametrize("preset", PRESETS)
+def test_store_bytes_match_vllm_store(upstream, preset):
+    lay, cent, H = _tables(preset)
+    mids = L.midpoints(cent)
+
+    def vllm_store(k, v, view, slots):
+        upstream.store.triton_turboquant_store(
+            k, v, view, slots, H, mids, mse_bits=lay.key_bits, key_packed_size=lay.key_packed_size,
+            value_quant_bits=lay.value_bits, key_fp8=lay.key_fp8,
+        )
+
+    a, _ = make_cache(preset, [300, 77], 4, seed=3)
+    b, _ = make_cache(preset, [300, 77], 4, seed=3, store=vllm_store)
+    diff = (a != b).sum().item()
+    assert diff == 0, f"{preset}: {diff} bytes differ from vLLM's store"
+
+
+@pytest.mark.parametrize("preset", PRESETS)
+@pytest.mark.parametrize("heads", [(24, 4), (16, 2)])
+@pytest.mark.parametrize("k1", [1, 2, 4, 6])
+def test_verify_matches_float64_reference(preset, heads, k1):
+    _need_cuda()
+    hq, hk = heads
+    out, ref, _ = run_both(preset, [k1, 700, 4096 + k1], hq, hk, k1)
+    assert torch.isfinite(out).all()
+    assert rel_err(out, ref) < 3e-3
+
+
+@pytest.mark.parametrize("preset", ["turboquant_k8v4", "turboquant_3bit_nc"])
+def test_bf16_queries_and_matches_vllm_decode_route(upstream, preset):
+    lay, cent, H = _tables(preset)
+    k1, hq, hk = 4, 24, 4
+    out, ref, (q, view, bt, sl, args) = run_both(preset, [9, 2000, 513], hq, hk, k1, qdtype=torch.bfloat16)
+    assert out.dtype == torch.bfloat16
+    assert rel_err(out, ref) < 1e-2
+    # vLLM's decode kernel, one row per query token (the upstream routing fix)
+    offs = torch.arange(k1, device="cuda", dtype=torch.int32)
+    synth_sl = (sl[:, None] - k1 + 1 + offs[None, :]).reshape(-1).contiguous()
+    synth_bt = bt.repeat_interleave(k1, dim=0).contiguous()
+    up = upstream.decode.triton_turboquant_decode_attention(
+        q, view, synth_bt, synth_sl, H, cent, D**-0.5, mse_bits=lay.key_bits, key_packed_size=lay.key_packed_size,
+        value_quant_bits=lay.value_bits, key_fp8=lay.key_fp8, norm_correction=lay.norm_correction, PiT=H,
+    )
+    assert rel_err(up, ref) < 1e-2
+    assert rel_err(out, up) < 1.5e-2
+
+
+def test_long_context_split_kv_and_fixed_splits_agree():
+    _need_cuda()
+    preset = "turboquant_k8v4"
+    out, ref, (q, view, bt, sl, args) = run_both(preset, [32768 + 3, 5000], 24, 4, 4)
+    assert rel_err(out, ref) < 3e-3
+    one = TV.turboquant_verify_attention(q, view, bt, sl, 4, **args, num_kv_splits=1)
+    many = TV.turboquant_verify_attention(q, view, bt, sl, 4, **args, num_kv_splits=32)
+    assert rel_err(one, ref) < 3e-3 and rel_err(many, ref) < 3e-3
+
+
+def test_padding_requests_and_short_rows_give_zeros():
+    _need_cuda()
+    preset = "turboquant_4bit_nc"
+    k1 = 4
+    out, ref, _ = run_both(preset, [50, 0, 2], 24, 4, k1)  # request 1 padded; request 2 rows 0,1 see nothing
+    assert torch.isfinite(out).all()
+    assert out[k1 : 2 * k1].abs().max().item() == 0.0
+    assert out[2 * k1 : 2 * k1 + 2].abs().max().item() == 0.0
+    assert rel_err(out, ref) < 3e-3
+
+
+@pytest.mark.parametrize("preset", ["turboquant_k8v4", "turboquant_k3v4_nc"])
+def test_cuda_graph_captured_with_dummy_lengths_replays_real(preset):
+    _need_cuda()
+    lay, cent, H = _tables(preset)
+    hq, hk, k1, max_seqs = 24, 4, 4, 3
+    real = [3000, 17, 1200]
+    view, bt_real = make_cache(preset, real, hk, seed=5)
+    ws = TV.VerifyWorkspace.allocate(max_seqs, k1, hq, D, device="cuda")
+    q = torch.zeros(max_seqs * k1, hq, D, device="cuda", dtype=torch.bfloat16)
+    sl = torch.ones(max_seqs, dtype=torch.int32, device="cuda")  # build_for_cudagraph_capture: seq_lens = 1
+    bt = torch.zeros_like(bt_real)
+    out = torch.empty(max_seqs * k1, hq, D, device="cuda", dtype=torch.bfloat16)
+    args = dict(preset=preset, scale=D**-0.5, centroids=cent, PiT=H)
+    fn = lambda: TV.turboquant_verify_attention(q, view, bt, sl, k1, **args, workspace=ws, out=out)  # noqa: E731
+    fn()  # warm up (compile) outside capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.isfinite(out).all()
+    for lens in (real, [5, 3000, 4]):
+        q.copy_(torch.randn_like(q, dtype=torch.float32).to(q.dtype))
+        sl.copy_(torch.tensor(lens, dtype=torch.int32))
+        bt.copy_(bt_real)
+        graph.replay()
+        torch.cuda.synchronize()
+        ref = R.turboquant_verify_attention_reference(q.float(), view, bt, sl, k1, **args)
+        assert rel_err(out, ref) < 1e-2, lens
+
+
+def test_workspace_rows_bound_and_clear_error():
+    _need_cuda()
+    preset = "turboquant_k8v4"
+    lay, cent, H = _tables(preset)
+    view, bt = make_cache(preset, [40] * 5, 4)
+    ws = TV.VerifyWorkspace.allocate(4, 4, 24, D, device="cuda")  # max_num_seqs 4, K+1 = 4
+    assert ws.rows == 16
+    args = dict(preset=preset, scale=D**-0.5, centroids=cent, PiT=H, workspace=ws)
+    sl = torch.full((4,), 40, dtype=torch.int32, device="cuda")
+    q = torch.randn(16, 24, D, device="cuda", dtype=torch.bfloat16)
+    TV.turboquant_verify_attention(q, view, bt[:4], sl, 4, **args)
+    with pytest.raises(ValueError, match="workspace"):
+        TV.turboquant_verify_attention(torch.randn(20, 24, D, device="cuda"), view, bt,
+                                       torch.full((5,), 40, dtype=torch.int32, device="cuda"), 4, **args)
+
+
+def test_forced_e4b15_branch_reads_vllm_e4b15_bytes(upstream):
+    """The Ampere/Ada fp8 format (SM < 8.9), forced on this GPU: vLLM's store writes e4b15
+    keys, our kernel reads them with FP8_E4B15 and matches the reference decoding them."""
+    preset = "turboquant_k8v4"
+    lay, cent, H = _tables(preset)
+    mids = L.midpoints(cent)
+    dev = torch.cuda.current_device()
+    saved = dict(upstream.decode._FP8_E4B15)
+    upstream.decode._FP8_E4B15[dev] = 1
+    try:
+        def vllm_store(k, v, view, slots):
+            upstream.store.triton_turboquant_store(
+                k, v, view, slots, H, mids, mse_bits=0, key_packed_size=lay.key_packed_size,
+                value_quant_bits=lay.value_bits, key_fp8=True,
+            )
+
+        view, bt = make_cache(preset, [900, 33], 4, e4b15=True, store=vllm_store)
+    finally:
+        upstream.decode._FP8_E4B15.clear()
+        upstream.decode._FP8_E4B15.update(saved)
+    ref_view, _ = make_cache(preset, [900, 33], 4, e4b15=True, seed=0)
+    # vLLM's e4b15 key bytes decode to within one e4b15 step of the reference encoding
+    kb = view[..., : lay.head_dim].reshape(-1, lay.head_dim)
+    rb = ref_view[..., : lay.head_dim].reshape(-1, lay.head_dim)
+    dk = (L.fp8_to_float(kb, e4b15=True) - L.fp8_to_float(rb, e4b15=True)).abs()
+    assert dk.max().item() <= 0.125 + 1e-6  # at most one e4b15 step (top binade) apart
+    sl = torch.tensor([900, 33], dtype=torch.int32, device="cuda")
+    q = torch.randn(8, 24, D, device="cuda")
+    args = dict(preset=preset, scale=D**-0.5, centroids=cent, PiT=H, fp8_e4b15=True)
+    out = TV.turboquant_verify_attention(q, view, bt, sl, 4, **args)
+    ref = R.turboquant_verify_attention_reference(q, view, bt, sl, 4, **args)
+    assert rel_err(out, ref) < 3e-3
+    wrong = R.turboquant_verify_attention_reference(q, view, bt, sl, 4, **{**args, "fp8_e4b15": False})
+    assert not rel_err(out, wrong) <= 3e-2  # the branch matters: e4b15 bytes read as e4nv are wrong
+
+
+def _sanitize_sweep() -> None:
+    torch.manual_seed(0)
+    worst = 0.0
+    for preset in PRESETS:
+        for hq, hk in ((24, 4), (16, 2)):
+            for k1 in (1, 4, 6):
+                out, ref, _ = run_both(preset, [k1 + 40, 0, 300], hq, hk, k1, num_kv_splits=4)
+                worst = max(worst, rel_err(out, ref))
+    torch.cuda.synchronize()
+    print(f"sanitize sweep done, worst rel err {worst:.2e}")
+    assert worst < 3e-3
+
+
+if __name__ == "__main__":
+    if "--sanitize" in sys.argv:
+        _sanitize_sweep()

@@ -1,0 +1,88 @@
+"""vllm-platform-ext: a vLLM hardware plugin for Qwen3.5/3.6 hybrid models with speculative
+decoding on MetaX (MACA), NVIDIA and the CPU.
+
+Entry points only:
+
+* ``register()`` (``vllm.platform_plugins``): the MetaX platform class path where a MetaX
+  runtime is present, else ``None``. Imports no vLLM module.
+* ``bootstrap()`` (``vllm.general_plugins``): runs once per process, in every vLLM process:
+  compat shims, then op registration, then patches; each item recorded in one report.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import threading
+
+__version__ = "0.1.0"
+
+PLATFORM_CLASS = "vllm_platform_ext.platform.MacaPlatform"
+
+_lock = threading.Lock()
+_runs = 0
+_report = None
+
+
+def register() -> str | None:
+    from vllm_platform_ext import detect
+
+    return PLATFORM_CLASS if detect.probe().platform == "maca" else None
+
+
+def _logger():
+    try:
+        from vllm.logger import init_logger
+
+        return init_logger("vllm_platform_ext")
+    except Exception:
+        return logging.getLogger("vllm_platform_ext")
+
+
+def bootstrap() -> None:
+    """Apply compat, ops and patches once in this process (later calls do nothing).
+
+    Never raises into vLLM's plugin loader unless ``VLLM_PLATFORM_EXT_STRICT=1``.
+    """
+    global _runs, _report
+    with _lock:
+        if _report is not None:
+            return
+        from vllm_platform_ext import compat, ops, quant, wiring
+        from vllm_platform_ext.patching import apply_group, strict_mode
+        from vllm_platform_ext.report import Report
+
+        report = Report()
+        _report = report
+        _runs += 1
+        strict = strict_mode()
+        steps = [
+            ("compat", lambda: compat.apply(report)),
+            ("ops", lambda: ops.register_all(report)),
+            ("patch", lambda: [apply_group(g, report) for g in (*wiring.groups(), *quant.groups())]),
+        ]
+        try:
+            for step, run in steps:
+                try:
+                    run()
+                except Exception as exc:
+                    if not report.has_failure(step):  # not yet recorded by the step itself
+                        report.failed(step, step, f"{type(exc).__name__}: {exc}")
+                    if strict:
+                        raise
+        finally:
+            _logger().info("vllm-platform-ext bootstrap (pid %d): %s", os.getpid(), report.summary())
+
+
+def bootstrap_report():
+    """The report of this process's bootstrap (``None`` before it ran)."""
+    return _report
+
+
+def bootstrap_info() -> dict:
+    """What ran in this process: pid, how many times the bootstrap body ran, the report."""
+    return {
+        "pid": os.getpid(),
+        "runs": _runs,
+        "summary": _report.summary() if _report else None,
+        "entries": _report.as_list() if _report else [],
+    }

