@@ -34,6 +34,6 @@ export VLLM_CPU_KVCACHE_SPACE="${VLLM_CPU_KVCACHE_SPACE:-1}"
 case "${1:-install}" in
   install) ;;
   verify) shift; "$VENV/bin/vllm-platform-ext" verify "$@" ;;
-  test) shift; "$PY" -m pytest -q -m "not gpu" tests "$@" ;;
+  test) shift; [ $# -gt 0 ] || set -- tests; "$PY" -m pytest -q -m "not gpu" "$@" ;;
   *) echo "usage: $0 [install|verify|test]" >&2; exit 2 ;;
 esac

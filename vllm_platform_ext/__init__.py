@@ -6,7 +6,8 @@ Entry points only:
 * ``register()`` (``vllm.platform_plugins``): the MetaX platform class path where a MetaX
   runtime is present, else ``None``. Imports no vLLM module.
 * ``bootstrap()`` (``vllm.general_plugins``): runs once per process, in every vLLM process:
-  compat shims, then op registration, then patches; each item recorded in one report.
+  compat shims, then op registration, then quantization configs, then patches; each item
+  recorded in one report.
 """
 from __future__ import annotations
 
@@ -58,6 +59,7 @@ def bootstrap() -> None:
         steps = [
             ("compat", lambda: compat.apply(report)),
             ("ops", lambda: ops.register_all(report)),
+            ("quant", lambda: quant.register(report)),
             ("patch", lambda: [apply_group(g, report) for g in (*wiring.groups(), *quant.groups())]),
         ]
         try:

@@ -80,6 +80,12 @@ def _optional_sections() -> dict:
     except Exception as exc:
         out["compat_schemas"] = f"unavailable: {exc}"
     try:
+        from vllm_platform_ext.ops import launch
+
+        out["launch_policy"] = [list(r) for r in launch.describe()]
+    except Exception as exc:
+        out["launch_policy"] = f"unavailable: {type(exc).__name__}: {exc}"
+    try:
         from vllm_platform_ext import platform as maca
 
         if hasattr(maca, "env_defaults"):
@@ -109,11 +115,17 @@ def _print_doctor(info: dict) -> None:
     if isinstance(info.get("compat_schemas"), list):
         section("compat op schemas")
         for row in info["compat_schemas"]:
-            print("  " + "  ".join(str(row.get(k, "")) for k in ("status", "op", "schema")))
+            print(f"  {row.get('status', ''):32} {row.get('op', '')}.{row.get('overload', '')}")
+            if row.get("status") == "differs":
+                print(f"      installed: {row.get('installed')}\n      expected:  {row.get('schema')}")
     if isinstance(info.get("maca_env_defaults"), list):
         section("MACA environment defaults (applied when the MetaX platform is active)")
         for name, value, reason in info["maca_env_defaults"]:
             print(f"  {name}={value}  # {reason}")
+    if isinstance(info.get("launch_policy"), list):
+        section("launch policy per platform")
+        for plat, rule in info["launch_policy"]:
+            print(f"  {plat:5} {rule}")
     section(f"op dispatch (this process: {info['op_platform']})")
     for r in info["ops"]:
         cfg = ", ".join(f"{k}={v}" for k, v in r["config"].items())

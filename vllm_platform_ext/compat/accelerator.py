@@ -120,8 +120,13 @@ def backfill(report: Report, module: Any = None, device_type: str | None = None)
             outcome[name] = "unavailable"
             report.skipped(STEP, label, f"missing in torch {torch.__version__} and {src} has no {source_name}")
     if not hasattr(acc, "current_accelerator"):
-        dev = torch.device(device_type)
-        acc.current_accelerator = lambda *args, **kwargs: dev
-        outcome["current_accelerator"] = device_type
-        report.applied(STEP, "torch.accelerator.current_accelerator", f"missing; returns torch.device({device_type!r})")
+        try:
+            dev = torch.device(device_type)
+        except RuntimeError as exc:
+            outcome["current_accelerator"] = "unavailable"
+            report.skipped(STEP, "torch.accelerator.current_accelerator", f"missing; {device_type!r} is no device: {exc}")
+        else:
+            acc.current_accelerator = lambda *args, **kwargs: dev
+            outcome["current_accelerator"] = device_type
+            report.applied(STEP, "torch.accelerator.current_accelerator", f"missing; returns torch.device({device_type!r})")
     return outcome

@@ -4,8 +4,8 @@ nothing is imported).
 "At import time" = code that runs while a module is imported: module-level statements, class
 bodies, decorators and default values of functions; not function or lambda bodies. Found:
 
-* ``access``: an attribute chain ``torch.ops.<ns>.<op>[.<overload>]`` with ``ns`` starting
-  with ``_C`` (raises when the op is missing);
+* ``access``: an attribute chain ``torch.ops.<ns>.<op>[.<overload>]`` with ``ns`` a kernel-library
+  namespace (``_C``, ``_C_cache_ops``, ``_moe_C``, ``_rocm_C``, ...) (raises when the op is missing);
 * ``probe``: ``hasattr``/``getattr`` of ``torch.ops.<ns>`` with a constant name (does not
   raise, but decides which guarded code runs);
 * ``fake``: ``register_fake("<ns>::<op>")`` / ``impl_abstract(...)`` with a constant name.
@@ -44,7 +44,8 @@ def _chain(node: ast.AST) -> list[str] | None:
 
 
 def _is_c_ns(name: str) -> bool:
-    return name.startswith("_C")
+    """vLLM's kernel-library namespaces: ``_C``, ``_C_cache_ops``, ``_moe_C``, ``_rocm_C``..."""
+    return name.startswith("_C") or name.endswith("_C")
 
 
 class _ImportTimeVisitor(ast.NodeVisitor):

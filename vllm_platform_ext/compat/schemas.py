@@ -30,7 +30,9 @@ class OpSchema:
     schema: str  # exact text: "name[.overload](args) -> returns"
     fallback: str  # REAL or STUB
     namespace: str = "_C"
-    # vLLM registers its own fake for this op (``register_fake`` guarded by ``hasattr``)
+    # vLLM's _custom_ops registers its own fake for this op behind ``hasattr``. apply() imports
+    # _custom_ops before defining anything, so that guard is already false for an op we add
+    # and our fake is the only one (checked against vLLM's source by the schema test).
     vllm_registers_fake: bool = False
 
     @property

@@ -109,8 +109,20 @@ def classes() -> tuple[type, type]:
                 method.__class__ = MoeWNA16CompatMethod
             return method
 
-    MoeWNA16CompatMethod.__module__ = MoeWNA16CompatConfig.__module__ = __name__
+    # Module-level names, so pickle (the config travels to worker processes inside
+    # VllmConfig.quant_config) finds them; __getattr__ below builds them on demand.
+    for klass in (MoeWNA16CompatConfig, MoeWNA16CompatMethod):
+        klass.__module__ = __name__
+        klass.__qualname__ = klass.__name__
+        globals()[klass.__name__] = klass
     return MoeWNA16CompatConfig, MoeWNA16CompatMethod
+
+
+def __getattr__(name: str) -> Any:
+    if name in ("MoeWNA16CompatConfig", "MoeWNA16CompatMethod"):
+        config_cls, method_cls = classes()
+        return config_cls if name == "MoeWNA16CompatConfig" else method_cls
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def register() -> str:

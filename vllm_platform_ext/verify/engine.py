@@ -62,6 +62,7 @@ class EngineSettings:
     max_num_seqs: int = 8
     max_model_len: int = 256
     seed: int = 0
+    warmup_runs: int = 0  # untimed generate() calls before the timed one (benchmarks)
 
 
 @dataclass
@@ -75,6 +76,8 @@ class EngineRun:
     init_s: float = 0.0
     generate_s: float = 0.0
     num_generated: int = 0
+    error: str = ""  # set instead of raising by run_many
+    patches: dict = field(default_factory=dict)  # plugin patch group -> status in this process
 
     @property
     def label(self) -> str:
@@ -110,6 +113,19 @@ def _spec_counters(llm) -> dict:
         if key is not None:
             out[key] += int(getattr(m, "value", 0))
     return out
+
+
+def plugin_patch_status() -> dict:
+    """``{group name: applied|skipped|failed}`` of this process's plugin bootstrap."""
+    try:
+        import vllm_platform_ext
+
+        rep = vllm_platform_ext.bootstrap_report()
+    except Exception:
+        return {}
+    if rep is None:
+        return {}
+    return {e["name"]: e["status"] for e in rep.as_list() if e.get("step") == "patch"}
 
 
 def _shutdown(llm) -> None:
@@ -164,16 +180,19 @@ def run_engine(model: str, prompts: list[list[int]], cfg: EngineConfig,
     try:
         sp = SamplingParams(max_tokens=settings.max_tokens, temperature=0.0, ignore_eos=True,
                             detokenize=False)
+        batch = [{"prompt_token_ids": list(p)} for p in prompts]
+        for _ in range(settings.warmup_runs):
+            llm.generate(batch, sp, use_tqdm=False)
         before = _spec_counters(llm)
         t1 = time.perf_counter()
-        outs = llm.generate([{"prompt_token_ids": list(p)} for p in prompts], sp, use_tqdm=False)
+        outs = llm.generate(batch, sp, use_tqdm=False)
         gen_s = time.perf_counter() - t1
         after = _spec_counters(llm)
     finally:
         _shutdown(llm)
     tokens = [list(o.outputs[0].token_ids) for o in outs]
     run = EngineRun(mode=cfg.mode, k=cfg.k, tokens=tokens, init_s=init_s, generate_s=gen_s,
-                    num_generated=sum(len(t) for t in tokens),
+                    num_generated=sum(len(t) for t in tokens), patches=plugin_patch_status(),
                     **{k: after[k] - before[k] for k in after})
     for i, t in enumerate(tokens):
         if len(t) != settings.max_tokens:
@@ -183,9 +202,22 @@ def run_engine(model: str, prompts: list[list[int]], cfg: EngineConfig,
 
 def run_many(model: str, prompts: list[list[int]], configs: list[EngineConfig],
              settings: EngineSettings = EngineSettings(), log=None) -> list[EngineRun]:
+    """Each config in turn, in this process; a failing config is recorded (``error``), not raised."""
     runs = []
     for cfg in configs:
-        run = run_engine(model, prompts, cfg, settings)
+        try:
+            run = run_engine(model, prompts, cfg, settings)
+        except Exception as exc:  # keep going: the table shows which config broke
+            import traceback
+
+            tb = traceback.format_exc(limit=-3)
+            run = EngineRun(mode=cfg.mode, k=cfg.k, error=f"{type(exc).__name__}: {exc}\n{tb}",
+                            patches=plugin_patch_status())
+            gc.collect()
+            if log:
+                log(f"[engine] {run.label}: ERROR {type(exc).__name__}: {exc}")
+            runs.append(run)
+            continue
         if log:
             log(f"[engine] {run.label}: init {run.init_s:.1f}s generate {run.generate_s:.1f}s "
                 f"drafts {run.num_drafts} draft tokens {run.num_draft_tokens} "

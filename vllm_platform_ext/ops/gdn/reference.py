@@ -372,6 +372,8 @@ def materialize(case: dict, dtype: torch.dtype, device: str | torch.device = "cp
     op = case["op"]
     out = {}
     for name, val in case.items():
+        if name == "_override":
+            continue
         if name == "op" or not isinstance(val, torch.Tensor):
             out[name] = val
         elif name in _FLOAT_ARGS[op]:
@@ -382,6 +384,8 @@ def materialize(case: dict, dtype: torch.dtype, device: str | torch.device = "cp
             out[name] = _clone_state(val, dtype, device)
         else:
             out[name] = val.to(device, copy=True)
+    for name, fn in case.get("_override", {}).items():  # bad-input cases: applied after the casts
+        out[name] = fn(out[name])
     return out
 
 
@@ -486,3 +490,227 @@ def assert_close(res: dict, dtype: torch.dtype) -> None:
         if not e["max_abs"] <= bound:
             raise AssertionError(f"{op} {key}: max |impl-ref| = {e['max_abs']:.3g} > {bound:.3g} "
                                  f"(max |ref| = {e['max_ref']:.3g}, dtype {dtype})")
+
+
+# ---------------------------------------------------------------------------------------------
+# the shared case table (CPU tests, the interpreter worker and the GPU tests use the same ids)
+# ---------------------------------------------------------------------------------------------
+
+
+def standard_cases(large: bool = False) -> dict[str, dict]:
+    """Named cases covering the contract's corners. ``large`` adds head dims of 128 (GPU only)."""
+    C: dict[str, dict] = {}
+    P, U, Rc, G = make_conv_prefill_case, make_conv_update_case, make_recurrent_case, make_gating_case
+    for s in range(4):
+        C[f"prefill-random-{s}"] = P(100 + s)
+        C[f"update-random-{s}"] = U(200 + s)
+        C[f"rec-spec-random-{s}"] = Rc(300 + s)
+        C[f"rec-plain-random-{s}"] = Rc(400 + s, spec=False)
+        C[f"gating-random-{s}"] = G(500 + s)
+    # conv prefill
+    C["prefill-long-rows"] = P(1, lengths=[40, 3, 0, 17], width=4, dim=40)  # several token chunks
+    C["prefill-rows-shorter-than-window"] = P(2, lengths=[1, 2, 1], width=4, init=[True, False, True])
+    C["prefill-null-slot"] = P(3, lengths=[5, 6, 4], null_rows=(1,))
+    C["prefill-no-bias-no-act"] = P(4, bias=False, activation=None)
+    C["prefill-width2"] = P(5, width=2, lengths=[3, 1, 7])
+    C["prefill-width5-spec-pool"] = P(6, width=5, extra_state=3, lengths=[9, 2])
+    C["prefill-transposed-pool"] = P(7, transposed=True, lengths=[6, 5])
+    # conv update (spec decode)
+    C["update-accepted-1"] = U(10, num_spec=3, lengths=[4, 4, 4], accepted=[1, 1, 1])
+    C["update-accepted-k+1"] = U(11, num_spec=3, lengths=[4, 4, 4], accepted=[4, 4, 4])
+    C["update-zero-draft-rows"] = U(12, num_spec=3, lengths=[1, 1, 1], accepted=[4, 2, 1])
+    C["update-mixed-q"] = U(13, num_spec=4, lengths=[5, 1, 0, 3, 1], accepted=[5, 3, 2, 1, 4], transposed=True)
+    C["update-null-slots"] = U(14, num_spec=2, lengths=[3, 2, 1], null_rows=(0, 2))
+    C["update-all-empty"] = U(15, num_spec=2, lengths=[0, 0])
+    C["update-plain-decode"] = U(16, num_spec=0, spec=False, lengths=[1, 1, 1, 1])
+    C["update-plain-decode-spec-pool"] = U(17, num_spec=3, spec=False, lengths=[1, 1, 1])
+    C["update-k0-spec"] = U(18, num_spec=0, lengths=[1, 1], accepted=[1, 1])
+    C["update-width2"] = U(19, num_spec=3, width=2, lengths=[4, 2])
+    C["update-no-bias-no-act"] = U(20, num_spec=2, bias=False, activation=None)
+    # recurrent
+    C["rec-accepted-1"] = Rc(30, num_spec=3, lengths=[4, 4], accepted=[1, 1])
+    C["rec-accepted-k+1"] = Rc(31, num_spec=3, lengths=[4, 4], accepted=[4, 4])
+    C["rec-zero-draft-rows"] = Rc(32, num_spec=3, lengths=[1, 1, 1], accepted=[4, 1, 2])
+    C["rec-mixed-q"] = Rc(33, num_spec=4, lengths=[5, 1, 0, 2], accepted=[2, 5, 3, 1])
+    C["rec-null-read-slot"] = Rc(34, num_spec=2, lengths=[3, 2, 2], accepted=[2, 3, 1], null_rows=(1,))
+    C["rec-null-write-column"] = Rc(35, num_spec=3, lengths=[4, 3], accepted=[1, 2], null_cols=((0, 3), (1, 2)))
+    C["rec-gva"] = Rc(36, num_spec=2, H=2, HV=6, lengths=[3, 2])
+    C["rec-no-l2norm"] = Rc(37, num_spec=2, use_qk_l2norm=False)
+    C["rec-plain-decode"] = Rc(38, spec=False, lengths=[1, 1, 1, 1], init=[True, False, True, True])
+    C["rec-plain-prefill"] = Rc(39, spec=False, lengths=[7, 0, 12], init=[False, True, True])
+    C["rec-plain-null"] = Rc(40, spec=False, lengths=[2, 3], null_rows=(0,))
+    C["rec-wide-v"] = Rc(41, num_spec=1, K=24, V=72, lengths=[2, 1])  # several V blocks, K not a power of 2
+    C["rec-all-empty"] = Rc(42, num_spec=2, lengths=[0, 0])
+    C["gating-threshold"] = G(50, T=4, HV=3)
+    if large:
+        C["large-update-qwen"] = U(60, num_spec=3, dim=1024, width=4, lengths=[4, 1, 2, 4], transposed=True)
+        C["large-prefill-qwen"] = P(61, dim=256, width=4, lengths=[70, 33], transposed=True)
+        C["large-rec-spec-128"] = Rc(62, num_spec=3, H=1, HV=2, K=128, V=128, lengths=[4, 1])
+        C["large-rec-plain-128"] = Rc(63, spec=False, H=1, HV=2, K=128, V=128, lengths=[1, 2])
+    return C
+
+
+# ---------------------------------------------------------------------------------------------
+# multi-step speculative decoding against plain sequential processing
+# ---------------------------------------------------------------------------------------------
+
+
+def spec_sequence_check(impl: Any, seed: int, dtype: torch.dtype, device="cpu", num_spec: int = 3,
+                        steps: int = 5, rows: int = 3) -> dict:
+    """Prefill, then ``steps`` spec-decode steps with random draft counts (zero-draft steps
+    included) and random acceptance, through ``impl``'s four ops and the contract's slot and
+    offset conventions. The outputs of every accepted token must equal those of the same
+    token stream processed in one plain pass by the reference (no spec decoding at all).
+    Returns the largest errors, relative to max(1, |truth|), for conv and recurrent outputs."""
+    gen = torch.Generator().manual_seed(seed)
+    ri = lambda lo, hi: int(torch.randint(lo, hi + 1, (1,), generator=gen))  # noqa: E731
+    W, dim, H, HV, K, V = 4, 6, 1, 2, 5, 4
+    L = 6 + steps * (num_spec + 1)
+    scale = K ** -0.5
+    rnd = lambda *s: torch.randn(*s, generator=gen).to(dtype).to(torch.float64)  # noqa: E731
+    w, bias = rnd(dim, W) * 0.5, rnd(dim)
+    A_log, dt_bias = rnd(HV), rnd(HV)
+    true = [dict(x=rnd(L, dim), q=rnd(L, H, K), k=rnd(L, H, K), v=rnd(L, HV, V), a=rnd(L, HV), b=rnd(L, HV))
+            for _ in range(rows)]
+    # truth: each row's whole stream in one plain pass of the reference, from zero states
+    truth = []
+    for tr in true:
+        cs = torch.zeros(1, dim, W - 1, dtype=torch.float64)
+        y = causal_conv1d_prefill(tr["x"], w, bias, cs, torch.tensor([0, L]), torch.tensor([0]),
+                                  torch.tensor([False]), "silu", null_block_id=-1)
+        g, beta = gdn_gating(A_log, tr["a"], tr["b"], dt_bias)
+        ss = torch.zeros(1, HV, V, K, dtype=torch.float64)
+        o = recurrent_gated_delta_rule(tr["q"], tr["k"], tr["v"], g, beta, scale, ss, torch.tensor([0, L]),
+                                       torch.tensor([0]), null_block_id=-1)
+        truth.append((y, o))
+
+    dev = torch.device(device)
+    f = lambda t: t.to(device=dev, dtype=dtype)  # noqa: E731
+    i32 = lambda v: torch.tensor(v, dtype=torch.int32, device=dev)  # noqa: E731
+    S = num_spec + 1
+    table = (torch.arange(rows * S).reshape(rows, S) + 1).to(torch.int32)  # slot 0 is the null block
+    conv = torch.randn(rows * S + 1, dim, W - 1 + num_spec, generator=gen).to(device=dev, dtype=dtype)
+    ssm = torch.randn(rows * S + 1, HV, V, K, generator=gen).to(device=dev, dtype=torch.float32)
+    err = {"conv": 0.0, "rec": 0.0, "tokens": 0, "zero_draft_rows": 0, "accepted_hist": [0] * (S + 1)}
+
+    def note(kind, got, want):
+        e = float((got.double().cpu() - want).abs().max()) / max(1.0, float(want.abs().max()))
+        err[kind] = max(err[kind], e)
+
+    def gates(rows_toks):
+        a = torch.cat([t["a"] for t in rows_toks]) if rows_toks else torch.zeros(0, HV)
+        b = torch.cat([t["b"] for t in rows_toks]) if rows_toks else torch.zeros(0, HV)
+        return impl.gdn_gating(f(A_log), f(a), f(b), f(dt_bias))
+
+    # prefill of each row's first P_i tokens into column 0 (no initial state)
+    pos = [ri(1, 6) for _ in range(rows)]
+    toks = [{k_: v_[: pos[i]] for k_, v_ in true[i].items()} for i in range(rows)]
+    qsl = i32([0] + list(torch.tensor(pos).cumsum(0)))
+    cat = lambda name: torch.cat([t[name] for t in toks])  # noqa: E731
+    y = impl.causal_conv1d_prefill(f(cat("x")), f(w), f(bias), conv, qsl, table[:, 0].to(dev),
+                                   torch.zeros(rows, dtype=torch.bool, device=dev), "silu", 0)
+    g, beta = gates(toks)
+    o = impl.recurrent_gated_delta_rule(f(cat("q")), f(cat("k")), f(cat("v")), g, beta, scale, ssm, qsl,
+                                        table[:, 0].to(dev), None,
+                                        torch.zeros(rows, dtype=torch.bool, device=dev), True, 0)
+    for i in range(rows):
+        s, e = int(qsl[i]), int(qsl[i + 1])
+        note("conv", y[s:e], truth[i][0][: pos[i]])
+        note("rec", o[s:e], truth[i][1][: pos[i]])
+    accepted = [1] * rows
+    for _ in range(steps):
+        toks, good = [], []
+        for i in range(rows):
+            d = 0 if ri(0, 3) == 0 else ri(0, num_spec)  # zero-draft rows are common with ngram
+            c = ri(0, d)
+            t = {k_: v_[pos[i]: pos[i] + 1 + c] for k_, v_ in true[i].items()}
+            if d > c:  # a wrong draft, then whatever follows it
+                t = {k_: torch.cat([v_, rnd(d - c, *v_.shape[1:]) * 1.5]) for k_, v_ in t.items()}
+            toks.append(t)
+            good.append(1 + c)
+            err["zero_draft_rows"] += d == 0
+        lens = [len(t["x"]) for t in toks]
+        qsl = i32([0] + list(torch.tensor(lens).cumsum(0)))
+        acc = i32(accepted)
+        y = impl.causal_conv1d_update(f(cat("x")), conv, f(w), f(bias), "silu", table[:, 0].to(dev), qsl, acc, 0)
+        g, beta = gates(toks)
+        o = impl.recurrent_gated_delta_rule(f(cat("q")), f(cat("k")), f(cat("v")), g, beta, scale, ssm, qsl,
+                                            table.to(dev), acc, None, True, 0)
+        for i in range(rows):
+            s = int(qsl[i])
+            n = good[i]
+            note("conv", y[s:s + n], truth[i][0][pos[i]: pos[i] + n])
+            note("rec", o[s:s + n], truth[i][1][pos[i]: pos[i] + n])
+            err["tokens"] += n
+            err["accepted_hist"][n] += 1
+            pos[i] += n
+            accepted[i] = n
+    return err
+
+
+def bad_input_cases() -> dict[str, tuple[dict, str]]:
+    """Named bad inputs and a word the error message must contain (case-insensitive)."""
+    P, U, Rc, G = make_conv_prefill_case, make_conv_update_case, make_recurrent_case, make_gating_case
+
+    def ov(case, **fns):
+        case["_override"] = fns
+        return case
+
+    return {
+        "update-accepted-0": (U(1, num_spec=2, lengths=[2, 1], accepted=[0, 1]), "num_accepted"),
+        "update-accepted-k+2": (U(2, num_spec=2, lengths=[2, 1], accepted=[4, 1]), "num_accepted"),
+        "update-too-many-tokens": (U(3, num_spec=1, lengths=[3], accepted=[1]), "tokens"),
+        "update-float-indices": (ov(U(4, num_spec=1), conv_state_indices=lambda t: t.float()), "int"),
+        "update-x-3d": (ov(U(5, num_spec=1), x=lambda t: t[None]), "x must be"),
+        "update-weight-dim": (ov(U(6, num_spec=1), weight=lambda t: torch.cat([t, t[:1]])), "weight"),
+        "update-qsl-decreasing": (ov(U(7, num_spec=1, lengths=[1, 1, 1]),
+                                    query_start_loc=lambda t: t.flip(0)), "query_start_loc"),
+        "prefill-slot-out-of-range": (ov(P(8, lengths=[3, 2]), cache_indices=lambda t: t * 0 + 999), "outside"),
+        "prefill-missing-init": (ov(P(9, lengths=[3, 2]), has_initial_state=lambda t: t[:1]), "has_initial_state"),
+        "rec-accepted-0": (Rc(10, num_spec=2, lengths=[2, 1], accepted=[0, 1]), "num_accepted"),
+        "rec-accepted-S+1": (Rc(11, num_spec=2, lengths=[2, 1], accepted=[1, 4]), "num_accepted"),
+        "rec-too-many-tokens": (Rc(12, num_spec=1, lengths=[3], accepted=[1]), "slots"),
+        "rec-state-bf16": (ov(Rc(13, num_spec=1), ssm_states=lambda t: t.to(torch.bfloat16)), "float32"),
+        "rec-heads-not-multiple": (Rc(14, num_spec=1, H=2, HV=3), "multiple"),
+        "rec-spec-without-accepted": (ov(Rc(15, num_spec=1), num_accepted_tokens=lambda t: None), "num_accepted"),
+        "rec-g-shape": (ov(Rc(16, num_spec=1), g=lambda t: torch.cat([t, t[:, :1]], 1)), "g and beta"),
+        "rec-float-indices": (ov(Rc(17, num_spec=1), state_indices=lambda t: t.float()), "int"),
+        "rec-slot-out-of-range": (ov(Rc(18, spec=False, lengths=[2]), state_indices=lambda t: t * 0 + 10**6),
+                                  "outside"),
+        "gating-shape": (ov(G(19, T=3, HV=2), b=lambda t: t[:, :1]), "a and b"),
+    }
+
+
+def expect_error(impl: Any, case: dict, dtype: torch.dtype, device="cpu") -> tuple[str, str]:
+    """Run a bad-input case: ``("raised", message)`` for a ValueError/TypeError,
+    ``("wrong", ...)`` for another exception, ``("none", "")`` when nothing was raised."""
+    try:
+        call_op(impl, case, dtype, device)
+    except (ValueError, TypeError) as exc:
+        return "raised", str(exc)
+    except Exception as exc:  # noqa: BLE001 - reported as a failure by the caller
+        return "wrong", f"{type(exc).__name__}: {exc}"
+    return "none", ""
+
+
+def fused_gating_compare(fn: Callable, case: dict, dtype: torch.dtype, device="cpu") -> dict:
+    """``fn(q, k, v, A_log, a, b, dt_bias, scale, ssm_states, ...)`` (gating fused into the
+    recurrence) against the reference's ``gdn_gating`` followed by its recurrence."""
+    gen = torch.Generator().manual_seed(int(case["q"].numel()))
+    T, HV = case["g"].shape
+    raw = dict(A_log=torch.randn(HV, generator=gen), a=torch.randn(T, HV, generator=gen) * 4,
+               b=torch.randn(T, HV, generator=gen) * 2, dt_bias=torch.randn(HV, generator=gen))
+    args = materialize(case, dtype, device)
+    gates = {k_: v_.to(device=device, dtype=dtype) for k_, v_ in raw.items()}
+    out = fn(args["q"], args["k"], args["v"], gates["A_log"], gates["a"], gates["b"], gates["dt_bias"],
+             args["scale"], args["ssm_states"], args["query_start_loc"], args["state_indices"],
+             num_accepted_tokens=args["num_accepted_tokens"], has_initial_state=args["has_initial_state"],
+             use_qk_l2norm=args["use_qk_l2norm"], null_block_id=args["null_block_id"])
+    g, beta = gdn_gating(*(gates[k_].cpu().double() for k_ in ("A_log", "a", "b", "dt_bias")))
+    r_args = materialize(case, dtype, "cpu")
+    r_args = {k_: (v_.double() if isinstance(v_, torch.Tensor) and v_.is_floating_point() else v_)
+              for k_, v_ in r_args.items()}
+    r_args["g"], r_args["beta"] = g, beta
+    ref_out = _call(recurrent_gated_delta_rule, "recurrent_gated_delta_rule", r_args)
+    return {"op": "recurrent_gated_delta_rule", "out": _err(out, ref_out), "out_dtype": str(out.dtype),
+            "state": _err(args["ssm_states"], r_args["ssm_states"])}

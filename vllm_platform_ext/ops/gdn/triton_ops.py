@@ -233,10 +233,10 @@ def _conv_prefill_kernel(
         p = n + cc
         m_s = (p < lim) & mc
         m_x = (p >= WIDTH - 1) & mc
-        sv = tl.load(s_base + p[:, None] * ss_c, mask=m_s[:, None] & md[None, :], other=0.0)
-        xv = tl.load(x_ptr + (bos + p - (WIDTH - 1))[:, None] * sx_t + (d * sx_d)[None, :],
-                     mask=m_x[:, None] & md[None, :], other=0.0)
-        new = tl.where(m_x[:, None], xv.to(s_ptr.dtype.element_ty), sv)
+        w_sv = tl.load(s_base + p[:, None] * ss_c, mask=m_s[:, None] & md[None, :], other=0.0)
+        w_xv = tl.load(x_ptr + (bos + p - (WIDTH - 1))[:, None] * sx_t + (d * sx_d)[None, :],
+                       mask=m_x[:, None] & md[None, :], other=0.0)
+        new = tl.where(m_x[:, None], w_xv.to(s_ptr.dtype.element_ty), w_sv)
         tl.debug_barrier()
         tl.store(s_base + cc[:, None] * ss_c, new, mask=mc[:, None] & md[None, :])
 
@@ -332,7 +332,7 @@ def _recurrent_kernel(
     o_ptr, h_ptr, qsl_ptr, idx_ptr, acc_ptr, init_ptr,
     scale, threshold, T, N, num_slots, null_id, S,
     sq_t, sq_h, sk_t, sk_h, sv_t, sv_h, sg_t, sb_t, so_t, so_h,
-    sh_n, sh_h, sh_v, si_n, si_c,
+    sh_n, si_n, si_c,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BK: tl.constexpr, BV: tl.constexpr,
     SPEC: tl.constexpr, HAS_INIT: tl.constexpr, L2NORM: tl.constexpr, FUSED_GATING: tl.constexpr,
@@ -367,14 +367,15 @@ def _recurrent_kernel(
     if (src == null_id) | (src < 0) | (src >= num_slots):
         _zero_tokens(o_base, bos, bos + n, so_t, 0, mv, BV)
         return
-    h_off = i_hv * sh_h + o_v[:, None] * sh_v + o_k[None, :]
+    # a slot's (HV, V, K) block is contiguous; offsets are rebuilt at each use (keeping a
+    # [BV, BK] offset tile live across the token loop costs as many registers as the state)
     b_h = tl.zeros([BV, BK], dtype=tl.float32)
     if HAS_INIT:
         use_init = tl.load(init_ptr + i_n)
     else:
         use_init = 1
     if use_init != 0:
-        b_h = tl.load(h_ptr + src * sh_n + h_off, mask=mh, other=0.0).to(tl.float32)
+        b_h = tl.load(h_ptr + (src * sh_n + i_hv * (V * K)) + o_v[:, None] * K + o_k[None, :], mask=mh, other=0.0).to(tl.float32)
     if FUSED_GATING:
         A = tl.load(A_ptr + i_hv).to(tl.float32)
         dtb = tl.load(dt_ptr + i_hv).to(tl.float32)
@@ -403,9 +404,9 @@ def _recurrent_kernel(
         if SPEC:
             dst = tl.load(idx_ptr + i_n * si_n + i * si_c).to(tl.int64)
             if (dst != null_id) & (dst >= 0) & (dst < num_slots):
-                tl.store(h_ptr + dst * sh_n + h_off, b_h, mask=mh)
+                tl.store(h_ptr + (dst * sh_n + i_hv * (V * K)) + o_v[:, None] * K + o_k[None, :], b_h, mask=mh)
     if not SPEC:
-        tl.store(h_ptr + src * sh_n + h_off, b_h, mask=mh)
+        tl.store(h_ptr + (src * sh_n + i_hv * (V * K)) + o_v[:, None] * K + o_k[None, :], b_h, mask=mh)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -562,7 +563,8 @@ def _recurrent(q, k, v, gates, scale, ssm_states, query_start_loc, state_indices
            f"ssm_states must be (slots, {HV}, {V}, {K}), got {tuple(getattr(ssm_states, 'shape', ()))}")
     _check(ssm_states.dtype == torch.float32, f"ssm_states must be float32, got {ssm_states.dtype}")
     _check(ssm_states.device == dev, f"ssm_states is on {ssm_states.device}, expected {dev}")
-    _check(ssm_states.stride(3) == 1, "ssm_states must be contiguous in its last (K) dim")
+    _check(ssm_states.stride(3) == 1 and ssm_states.stride(2) == K and ssm_states.stride(1) == V * K,
+           f"each slot of ssm_states must be a contiguous (HV, V, K) block, got strides {tuple(ssm_states.stride())}")
     _check_index("state_indices", state_indices, (1, 2), dev)
     _check_index("query_start_loc", query_start_loc, (1,), dev)
     spec = state_indices.dim() == 2
@@ -628,7 +630,7 @@ def _recurrent(q, k, v, gates, scale, ssm_states, query_start_loc, state_indices
         float(scale), float(threshold), T, n, num_slots, null_block_id, S,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         g1.stride(0), g2.stride(0), out.stride(0), out.stride(1),
-        ssm_states.stride(0), ssm_states.stride(1), ssm_states.stride(2), si_n, si_c,
+        ssm_states.stride(0), si_n, si_c,
         H=H, HV=HV, K=K, V=V, BK=BK, BV=BV, SPEC=spec, HAS_INIT=has_initial_state is not None,
         L2NORM=bool(use_qk_l2norm), FUSED_GATING=fused,
         num_warps=cfg["num_warps"], num_stages=cfg.get("num_stages", 2),

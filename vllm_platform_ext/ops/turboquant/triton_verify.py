@@ -32,21 +32,37 @@ _LOG2E = 1.4426950408889634
 
 
 @triton.jit
-def _unpack_bits(KV, base, n_ok, OFF: tl.constexpr, BITS: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr):
-    """``[BLOCK_N, D]`` int32 indices of the 3/4-bit field at byte ``OFF`` of each slot."""
-    if BITS == 4:
-        j = tl.arange(0, D // 2)
-        byte = tl.load(KV + base[:, None] + OFF + j[None, :], mask=n_ok[:, None], other=0).to(tl.int32)
-        return tl.reshape(tl.join(byte & 15, byte >> 4), [BLOCK_N, D])
+def _unpack_bits(KV, base, n_ok, OFF: tl.constexpr, BITS: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr,
+                 GATHER: tl.constexpr):
+    """``[BLOCK_N, D]`` int32 indices of the 3/4-bit field at byte ``OFF`` of each slot.
+
+    GATHER: per-element byte loads (two for 3-bit), no register shuffles; else one load per
+    packed byte then join/reshape.
+    """
+    d = tl.arange(0, D)
+    if GATHER:
+        if BITS == 4:
+            byte = tl.load(KV + base[:, None] + OFF + (d // 2)[None, :], mask=n_ok[:, None], other=0).to(tl.int32)
+            return (byte >> ((d % 2) * 4)[None, :]) & 15
+        else:
+            p = KV + base[:, None] + OFF + ((d * 3) // 8)[None, :]
+            lo = tl.load(p, mask=n_ok[:, None], other=0).to(tl.int32)
+            hi = tl.load(p + 1, mask=n_ok[:, None], other=0).to(tl.int32)
+            return ((lo | (hi << 8)) >> ((d * 3) % 8)[None, :]) & 7
     else:
-        j = tl.arange(0, D // 8)
-        p = KV + base[:, None] + OFF + j[None, :] * 3
-        b0 = tl.load(p, mask=n_ok[:, None], other=0).to(tl.int32)
-        b1 = tl.load(p + 1, mask=n_ok[:, None], other=0).to(tl.int32)
-        b2 = tl.load(p + 2, mask=n_ok[:, None], other=0).to(tl.int32)
-        word = b0 | (b1 << 8) | (b2 << 16)
-        sh = tl.arange(0, 8) * 3
-        return tl.reshape((word[:, :, None] >> sh[None, None, :]) & 7, [BLOCK_N, D])
+        if BITS == 4:
+            j = tl.arange(0, D // 2)
+            byte = tl.load(KV + base[:, None] + OFF + j[None, :], mask=n_ok[:, None], other=0).to(tl.int32)
+            return tl.reshape(tl.join(byte & 15, byte >> 4), [BLOCK_N, D])
+        else:
+            j = tl.arange(0, D // 8)
+            p = KV + base[:, None] + OFF + j[None, :] * 3
+            b0 = tl.load(p, mask=n_ok[:, None], other=0).to(tl.int32)
+            b1 = tl.load(p + 1, mask=n_ok[:, None], other=0).to(tl.int32)
+            b2 = tl.load(p + 2, mask=n_ok[:, None], other=0).to(tl.int32)
+            word = b0 | (b1 << 8) | (b2 << 16)
+            sh = tl.arange(0, 8) * 3
+            return tl.reshape((word[:, :, None] >> sh[None, None, :]) & 7, [BLOCK_N, D])
 
 
 @triton.jit
@@ -69,6 +85,7 @@ def _tq_verify_stage1(
     D: tl.constexpr, PAGE: tl.constexpr, BLOCK_N: tl.constexpr,
     KEY_FP8: tl.constexpr, FP8_E4B15: tl.constexpr, KEY_BITS: tl.constexpr, MSE_BYTES: tl.constexpr,
     NORM_CORRECTION: tl.constexpr, VAL_BITS: tl.constexpr, KPS: tl.constexpr, VAL_DATA_BYTES: tl.constexpr,
+    GATHER: tl.constexpr,
 ):
     b = tl.program_id(0)
     kvh = tl.program_id(1) // M_CHUNKS
@@ -94,12 +111,17 @@ def _tq_verify_stage1(
     acc = tl.zeros([BLOCK_M, D], tl.float32)
     bt_row = BT + b.to(tl.int64) * stride_bt
     head_off = kvh.to(tl.int64) * stride_ch
+    rows_off = tl.arange(0, BLOCK_N).to(tl.int64) * stride_cp
 
     for start_n in range(start, end, BLOCK_N):
         n = start_n + tl.arange(0, BLOCK_N)
         n_ok = n < end
-        blk = tl.load(bt_row + n // PAGE, mask=n_ok, other=0).to(tl.int64)
-        base = blk * stride_cb + (n % PAGE).to(tl.int64) * stride_cp + head_off
+        if PAGE % BLOCK_N == 0:  # tiles are BLOCK_N-aligned: one page per tile, one block id
+            blk = tl.load(bt_row + start_n // PAGE).to(tl.int64)
+            base = (blk * stride_cb + head_off + (start_n % PAGE) * stride_cp) + rows_off
+        else:
+            blk = tl.load(bt_row + n // PAGE, mask=n_ok, other=0).to(tl.int64)
+            base = blk * stride_cb + (n % PAGE).to(tl.int64) * stride_cp + head_off
 
         # ---- scores [BLOCK_M, BLOCK_N] ----
         if KEY_FP8:
@@ -110,7 +132,7 @@ def _tq_verify_stage1(
                 kf = kb.to(tl.float8e4nv, bitcast=True).to(tl.float16)
             s = tl.dot(q, tl.trans(kf))
         else:
-            kidx = _unpack_bits(KV, base, n_ok, 0, KEY_BITS, D, BLOCK_N)
+            kidx = _unpack_bits(KV, base, n_ok, 0, KEY_BITS, D, BLOCK_N, GATHER)
             c = tl.load(CENT + kidx)
             k_mul = _load_fp16(KV, base + MSE_BYTES, n_ok)
             if NORM_CORRECTION:
@@ -128,7 +150,7 @@ def _tq_verify_stage1(
         l_i = l_i * alpha + tl.sum(p, axis=1)
 
         # ---- values ----
-        vidx = _unpack_bits(KV, base, n_ok, KPS, VAL_BITS, D, BLOCK_N).to(tl.float16)
+        vidx = _unpack_bits(KV, base, n_ok, KPS, VAL_BITS, D, BLOCK_N, GATHER).to(tl.float16)
         v_scale = _load_fp16(KV, base + KPS + VAL_DATA_BYTES, n_ok)
         v_zero = _load_fp16(KV, base + KPS + VAL_DATA_BYTES + 2, n_ok)
         s_max = tl.maximum(tl.max(v_scale, axis=0), 1e-30)
@@ -224,9 +246,13 @@ def default_num_kv_splits(num_reqs: int, num_kv_heads: int, m_chunks: int, devic
     return int(max(1, min(max_splits, want)))
 
 
+# Defaults from the H200 sweep in benchmarks/bench_turboquant.py (--tune); overridable per call.
+LAUNCH_DEFAULTS = {"BLOCK_N": 16, "num_warps": 8, "num_stages": 3, "GATHER": True}
+
+
 def _launch_config(rows: int) -> dict:
     block_m = max(16, min(64, triton.next_power_of_2(rows)))
-    return {"BLOCK_M": block_m, "BLOCK_N": 32, "num_warps": 4 if block_m <= 32 else 8, "num_stages": 2}
+    return {"BLOCK_M": block_m, **LAUNCH_DEFAULTS}
 
 
 def _default_e4b15(device: torch.device) -> bool:
@@ -252,6 +278,7 @@ def turboquant_verify_attention(
     BLOCK_N: int | None = None,
     num_warps: int | None = None,
     num_stages: int | None = None,
+    GATHER: bool | None = None,
 ) -> torch.Tensor:
     """Attention of a uniform K+1 batch over a TurboQuant cache.
 
@@ -349,6 +376,7 @@ def turboquant_verify_attention(
         KEY_FP8=lay.key_fp8, FP8_E4B15=bool(fp8_e4b15), KEY_BITS=lay.key_bits, MSE_BYTES=lay.mse_bytes,
         NORM_CORRECTION=lay.norm_correction, VAL_BITS=lay.value_bits, KPS=lay.key_packed_size,
         VAL_DATA_BYTES=lay.value_data_bytes,
+        GATHER=cfg["GATHER"] if GATHER is None else bool(GATHER),
         num_warps=num_warps or cfg["num_warps"], num_stages=num_stages or cfg["num_stages"],
     )
     _tq_verify_stage2[(n, hq)](

@@ -1,0 +1,173 @@
+"""``moe_wna16`` hardening with vLLM's real config, quantization registry and MoE method,
+on a ``FusedMoEConfig`` with and without ``disable_inplace``."""
+from __future__ import annotations
+
+import dataclasses
+import inspect
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+import vllm.model_executor.layers.fused_moe.experts.triton_moe as triton_moe
+import vllm.model_executor.layers.fused_moe.oracle.int_wna16 as int_wna16
+from vllm.model_executor.layers.fused_moe import RoutedExperts
+from vllm.model_executor.layers.fused_moe.activation import MoEActivation
+from vllm.model_executor.layers.fused_moe.config import (
+    FusedMoEConfig,
+    FusedMoEParallelConfig,
+    RoutingMethodType,
+)
+from vllm.model_executor.layers.fused_moe.modular_kernel import FusedMoEKernel
+from vllm.model_executor.layers.quantization import get_quantization_config
+from vllm.model_executor.layers.quantization.moe_wna16 import MoeWNA16Config, MoeWNA16Method
+from vllm_platform_ext import quant
+from vllm_platform_ext.platform import MacaPlatform
+from vllm_platform_ext.quant import moe_wna16
+from vllm_platform_ext.report import Report
+
+GPTQ = {"quant_method": "gptq", "bits": 4, "group_size": 128, "sym": True, "desc_act": False}
+
+
+@dataclasses.dataclass
+class LegacyFusedMoEConfig(FusedMoEConfig):
+    """vLLM's FusedMoEConfig plus the field older vLLM had."""
+
+    disable_inplace: bool = False
+
+
+def _moe_config(cls=FusedMoEConfig, **extra) -> FusedMoEConfig:
+    parallel = FusedMoEParallelConfig(tp_size=1, pcp_size=1, dp_size=1, ep_size=1, tp_rank=0, pcp_rank=0,
+                                      dp_rank=0, ep_rank=0, sp_size=1, use_ep=False, all2all_backend="naive",
+                                      enable_eplb=False)
+    return cls(num_experts=4, experts_per_token=2, hidden_dim=128, intermediate_size=128, num_local_experts=4,
+               num_logical_experts=4, activation=MoEActivation.SILU, device="cpu",
+               routing_method=RoutingMethodType.Renormalize, moe_parallel_config=parallel,
+               in_dtype=torch.bfloat16, **extra)
+
+
+CONFIGS = {
+    "current (no field)": (lambda: _moe_config(), True),
+    "legacy disable_inplace=True": (lambda: _moe_config(LegacyFusedMoEConfig, disable_inplace=True), False),
+    "legacy disable_inplace=False": (lambda: _moe_config(LegacyFusedMoEConfig, disable_inplace=False), True),
+}
+
+
+@pytest.fixture
+def maca_oracle(monkeypatch):
+    """vLLM's WNA16 backend oracle and Triton experts seeing MacaPlatform (as on MetaX)."""
+    p = MacaPlatform()
+    monkeypatch.setattr(int_wna16, "current_platform", p)
+    monkeypatch.setattr(triton_moe, "current_platform", p)
+
+
+@pytest.fixture
+def registered():
+    report = Report()
+    quant.register(report)
+    yield report
+    moe_wna16.unregister()
+
+
+def _routed_experts(moe_config) -> RoutedExperts:
+    layer = object.__new__(RoutedExperts)  # a real RoutedExperts, without building weights
+    layer.__dict__["moe_config"] = moe_config
+    return layer
+
+
+class _Recorder:
+    is_monolithic = False
+
+    def __init__(self):
+        self.calls = []
+
+    def _record(self, **kwargs):
+        self.calls.append(kwargs)
+        return kwargs["hidden_states"] * 2
+
+
+class CurrentKernel(_Recorder):
+    """Same ``apply`` signature as vLLM 0.32's FusedMoEKernel (no ``inplace``)."""
+
+    def apply(self, hidden_states, w1, w2, topk_weights, topk_ids, activation, global_num_experts,
+              expert_map, apply_router_weight_on_input, shared_experts=None, shared_experts_input=None):
+        return self._record(**{k: v for k, v in locals().items() if k != "self"})
+
+
+class LegacyKernel(_Recorder):
+    """An older fused-experts API that takes ``inplace``."""
+
+    def apply(self, hidden_states, w1, w2, topk_weights, topk_ids, activation, global_num_experts,
+              expert_map, apply_router_weight_on_input, shared_experts=None, shared_experts_input=None,
+              inplace=False):
+        return self._record(**{k: v for k, v in locals().items() if k != "self"})
+
+
+def test_current_kernel_stub_matches_vllm():
+    # The stub stands in for vLLM's kernel (hardware-specific); it takes the real arguments.
+    assert list(inspect.signature(CurrentKernel.apply).parameters) == list(
+        inspect.signature(FusedMoEKernel.apply).parameters)
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_moe_inplace(name):
+    make, expected = CONFIGS[name]
+    assert moe_wna16.moe_inplace(make()) is expected
+
+
+def test_registered_through_vllm_registry(registered):
+    entry = registered.find("quant", "moe_wna16")
+    assert entry is not None and entry.status.value == "applied"
+    config_cls = get_quantization_config("moe_wna16")
+    assert config_cls is moe_wna16.classes()[0] and issubclass(config_cls, MoeWNA16Config)
+    moe_wna16.unregister()
+    assert get_quantization_config("moe_wna16") is MoeWNA16Config
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+@pytest.mark.parametrize("kernel_cls", [CurrentKernel, LegacyKernel])
+def test_apply_with_and_without_disable_inplace(registered, maca_oracle, name, kernel_cls):
+    make, expected_inplace = CONFIGS[name]
+    moe_config = make()
+    qconfig = get_quantization_config("moe_wna16").from_config(GPTQ)
+    method = qconfig.get_quant_method(_routed_experts(moe_config), "model.layers.0.mlp.experts")
+    # vLLM's own oracle chose the backend MetaX runs (Triton); only the class changed.
+    assert isinstance(method, MoeWNA16Method) and type(method) is moe_wna16.classes()[1]
+    assert method.wna16_backend == int_wna16.WNA16MoEBackend.TRITON
+
+    kernel = kernel_cls()
+    method.moe_kernel = kernel
+    layer = SimpleNamespace(w13_weight=torch.zeros(1), w2_weight=torch.zeros(1), activation=MoEActivation.SILU,
+                            global_num_experts=4, expert_map=None, apply_router_weight_on_input=False)
+    x = torch.ones(2, 128)
+    out = method.apply(layer, x, torch.ones(2, 2), torch.zeros(2, 2, dtype=torch.int32), None, None)
+    assert torch.equal(out, x * 2)
+    (call,) = kernel.calls
+    if kernel_cls is LegacyKernel:
+        assert call["inplace"] is expected_inplace
+    else:
+        assert "inplace" not in call
+    assert method.moe_kernel.wrapped is kernel  # adapter forwards; second call reuses it
+    method.apply(layer, x, torch.ones(2, 2), torch.zeros(2, 2, dtype=torch.int32), None, None)
+    assert len(kernel.calls) == 2
+
+
+def test_adapter_drops_inplace_for_kernels_without_it():
+    kernel = CurrentKernel()
+    adapter = moe_wna16.KernelCallAdapter(kernel, _moe_config(LegacyFusedMoEConfig, disable_inplace=True))
+    x = torch.ones(1, 4)
+    adapter.apply(x, None, None, None, None, None, 1, None, False, inplace=True)
+    assert "inplace" not in kernel.calls[0]
+
+
+def test_non_moe_layers_untouched(registered):
+    qconfig = get_quantization_config("moe_wna16").from_config(GPTQ)
+    assert qconfig.get_quant_method(torch.nn.Identity(), "x") is None
+
+
+def test_config_pickles_for_worker_processes(registered):
+    import pickle
+
+    qconfig = get_quantization_config("moe_wna16").from_config(GPTQ)
+    clone = pickle.loads(pickle.dumps(qconfig))
+    assert type(clone) is type(qconfig) and clone.weight_bits == 4
