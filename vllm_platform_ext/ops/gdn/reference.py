@@ -542,6 +542,18 @@ def standard_cases(large: bool = False) -> dict[str, dict]:
     C["rec-wide-v"] = Rc(41, num_spec=1, K=24, V=72, lengths=[2, 1])  # several V blocks, K not a power of 2
     C["rec-all-empty"] = Rc(42, num_spec=2, lengths=[0, 0])
     C["gating-threshold"] = G(50, T=4, HV=3)
+    # strided metadata views, as vLLM passes them (spec_state_indices_tensor[:, 0], a slice of
+    # the block table with its row stride)
+    col0 = lambda t: torch.stack([t, t * 0 + 7], 1)[:, 0]  # noqa: E731
+    C["update-strided-indices"] = U(21, num_spec=3, lengths=[4, 1, 2], accepted=[2, 4, 1])
+    C["update-strided-indices"]["_override"] = {"conv_state_indices": col0, "num_accepted_tokens": col0}
+    C["prefill-strided-indices"] = P(22, lengths=[5, 2, 3], init=[True, False, True])
+    C["prefill-strided-indices"]["_override"] = {"cache_indices": col0, "has_initial_state": col0}
+    C["rec-strided-table"] = Rc(43, num_spec=2, lengths=[3, 1, 2], accepted=[3, 1, 2])
+    C["rec-strided-table"]["_override"] = {
+        "state_indices": lambda t: torch.cat([t, t * 0 + 7], 1)[:, : t.shape[1]], "num_accepted_tokens": col0}
+    C["rec-plain-strided"] = Rc(44, spec=False, lengths=[1, 3], init=[True, True])
+    C["rec-plain-strided"]["_override"] = {"state_indices": col0, "has_initial_state": col0}
     if large:
         C["large-update-qwen"] = U(60, num_spec=3, dim=1024, width=4, lengths=[4, 1, 2, 4], transposed=True)
         C["large-prefill-qwen"] = P(61, dim=256, width=4, lengths=[70, 33], transposed=True)

@@ -131,6 +131,11 @@ def _check_rows(qsl: list[int], n: int, total: int) -> None:
     _check(q[0] >= 0 and q[-1] <= total, f"query_start_loc {q} exceeds the {total} tokens given")
 
 
+def _dense(t):
+    """Small metadata tensors the kernels index with stride 1 (a copy only for strided views)."""
+    return t if t is None or t.is_contiguous() else t.contiguous()
+
+
 def _next_pow2(n: int) -> int:
     return 1 << max(0, int(n) - 1).bit_length()
 
@@ -177,7 +182,7 @@ def _zero_tokens(o_ptr, t_lo, t_hi, so_t, cols, col_mask, BC: tl.constexpr):
 def _conv_prefill_kernel(
     x_ptr, w_ptr, b_ptr, s_ptr, qsl_ptr, idx_ptr, init_ptr, o_ptr,
     T, N, dim, num_slots, null_id,
-    sx_t, sx_d, sw_d, sw_j, ss_n, ss_d, ss_c, so_t, so_d,
+    sx_t, sx_d, sw_d, sw_j, ss_n, ss_d, ss_c, so_t, so_d, si,
     WIDTH: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr, BW: tl.constexpr,
     HAS_BIAS: tl.constexpr, SILU: tl.constexpr,
 ):
@@ -201,7 +206,7 @@ def _conv_prefill_kernel(
     mt = t < n
     o_ptrs = o_ptr + (bos + t)[:, None] * so_t + (d * so_d)[None, :]
     mo = mt[:, None] & md[None, :]
-    slot = tl.load(idx_ptr + i_n).to(tl.int64)
+    slot = tl.load(idx_ptr + i_n * si).to(tl.int64)
     if (slot == null_id) | (slot < 0) | (slot >= num_slots):
         tl.store(o_ptrs, tl.zeros([BT, BD], dtype=tl.float32).to(o_ptr.dtype.element_ty), mask=mo)
         return
@@ -245,7 +250,7 @@ def _conv_prefill_kernel(
 def _conv_update_kernel(
     x_ptr, w_ptr, b_ptr, s_ptr, qsl_ptr, idx_ptr, acc_ptr, o_ptr,
     T, N, dim, num_slots, null_id, state_len,
-    sx_t, sx_d, sw_d, sw_j, ss_n, ss_d, ss_c, so_t, so_d,
+    sx_t, sx_d, sw_d, sw_j, ss_n, ss_d, ss_c, so_t, so_d, si,
     WIDTH: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr, BC: tl.constexpr,
     HAS_BIAS: tl.constexpr, SILU: tl.constexpr, SPEC: tl.constexpr,
 ):
@@ -268,7 +273,7 @@ def _conv_update_kernel(
     mt = t < n
     o_ptrs = o_ptr + (bos + t)[:, None] * so_t + (d * so_d)[None, :]
     mo = mt[:, None] & md[None, :]
-    slot = tl.load(idx_ptr + i_n).to(tl.int64)
+    slot = tl.load(idx_ptr + i_n * si).to(tl.int64)
     if (slot == null_id) | (slot < 0) | (slot >= num_slots):
         tl.store(o_ptrs, tl.zeros([BT, BD], dtype=tl.float32).to(o_ptr.dtype.element_ty), mask=mo)
         return
@@ -439,14 +444,16 @@ def causal_conv1d_prefill(x, weight, bias, conv_states, query_start_loc, cache_i
     cfg = _cfg("gdn.causal_conv1d_prefill", config)
     BT = max(cfg["BLOCK_T"], _next_pow2(width - 1))
     BD = min(cfg["BLOCK_D"], _next_pow2(dim))
-    init = has_initial_state.reshape(-1)[:n]
+    init = _dense(has_initial_state.reshape(-1)[:n])
     init = init.view(torch.uint8) if init.dtype == torch.bool else (init != 0).view(torch.uint8)
+    query_start_loc = _dense(query_start_loc)
     grid = (n, max(1, triton.cdiv(max_q, BT)), triton.cdiv(dim, BD))
     _conv_prefill_kernel[grid](
         x, weight, bias if bias is not None else weight, conv_states, query_start_loc, cache_indices, init, out,
         T, n, dim, conv_states.shape[0], null_block_id,
         x.stride(0), x.stride(1), weight.stride(0), weight.stride(1),
         conv_states.stride(0), conv_states.stride(1), conv_states.stride(2), out.stride(0), out.stride(1),
+        cache_indices.stride(0),
         WIDTH=width, BT=BT, BD=BD, BW=_next_pow2(width - 1), HAS_BIAS=bias is not None, SILU=silu,
         num_warps=cfg["num_warps"],
     )
@@ -491,6 +498,7 @@ def causal_conv1d_update(x, conv_states, weight, bias, activation, conv_state_in
     cfg = _cfg("gdn.causal_conv1d_update", config)
     BT = _next_pow2(max(1, min(T, state_len - width + 2)))
     BD = min(cfg["BLOCK_D"], _next_pow2(dim))
+    query_start_loc, num_accepted_tokens = _dense(query_start_loc), _dense(num_accepted_tokens)
     grid = (n, triton.cdiv(dim, BD))
     _conv_update_kernel[grid](
         x, weight, bias if bias is not None else weight, conv_states, query_start_loc, conv_state_indices,
@@ -498,6 +506,7 @@ def causal_conv1d_update(x, conv_states, weight, bias, activation, conv_state_in
         T, n, dim, conv_states.shape[0], null_block_id, state_len,
         x.stride(0), x.stride(1), weight.stride(0), weight.stride(1),
         conv_states.stride(0), conv_states.stride(1), conv_states.stride(2), out.stride(0), out.stride(1),
+        conv_state_indices.stride(0),
         WIDTH=width, BT=BT, BD=BD, BC=_next_pow2(width - 2 + BT), HAS_BIAS=bias is not None, SILU=silu,
         SPEC=spec, num_warps=cfg["num_warps"],
     )
@@ -612,12 +621,13 @@ def _recurrent(q, k, v, gates, scale, ssm_states, query_start_loc, state_indices
     BK = _next_pow2(K)
     BV = min(cfg["BLOCK_V"], _next_pow2(V))
     if has_initial_state is not None:
-        init = has_initial_state.reshape(-1)[:n]
+        init = _dense(has_initial_state.reshape(-1)[:n])
         init = init.view(torch.uint8) if init.dtype == torch.bool else (init != 0).view(torch.uint8)
     else:
         init = query_start_loc
     si_n = state_indices.stride(0)
     si_c = state_indices.stride(1) if spec else 0
+    query_start_loc, num_accepted_tokens = _dense(query_start_loc), _dense(num_accepted_tokens)
     if fused:
         A_log, _, _, dt_bias = gates
         ptrs = (q, k, v, q, q, A_log, g1, g2, dt_bias)

@@ -246,13 +246,17 @@ def default_num_kv_splits(num_reqs: int, num_kv_heads: int, m_chunks: int, devic
     return int(max(1, min(max_splits, want)))
 
 
-# Defaults from the H200 sweep in benchmarks/bench_turboquant.py (--tune); overridable per call.
-LAUNCH_DEFAULTS = {"BLOCK_N": 16, "num_warps": 8, "num_stages": 3, "GATHER": True}
+# Defaults from the H200 sweep in benchmarks/bench_turboquant.py --tune (B=64, K=3, 32K, 24/4 heads);
+# any of them can be overridden per call.
+LAUNCH_DEFAULTS = {
+    "fp8": {"BLOCK_N": 32, "num_warps": 4, "num_stages": 3, "GATHER": False},
+    "mse": {"BLOCK_N": 16, "num_warps": 4, "num_stages": 2, "GATHER": False},
+}
 
 
-def _launch_config(rows: int) -> dict:
+def _launch_config(rows: int, key_fp8: bool) -> dict:
     block_m = max(16, min(64, triton.next_power_of_2(rows)))
-    return {"BLOCK_M": block_m, **LAUNCH_DEFAULTS}
+    return {"BLOCK_M": block_m, **LAUNCH_DEFAULTS["fp8" if key_fp8 else "mse"]}
 
 
 def _default_e4b15(device: torch.device) -> bool:
@@ -336,7 +340,7 @@ def turboquant_verify_attention(
         fp8_e4b15 = _default_e4b15(dev)
 
     rows = k1 * (hq // hk)
-    cfg = _launch_config(rows)
+    cfg = _launch_config(rows, lay.key_fp8)
     block_m = BLOCK_M or cfg["BLOCK_M"]
     block_n = BLOCK_N or cfg["BLOCK_N"]
     m_chunks = triton.cdiv(rows, block_m)

@@ -1,0 +1,128 @@
+"""The tiny-model kit and the audit's arithmetic (no engine)."""
+from __future__ import annotations
+
+import hashlib
+import json
+
+import pytest
+import torch
+
+from vllm_platform_ext.verify.audit import BAD_NATS, AuditResult, Reference, passes
+from vllm_platform_ext.verify.tiny_models import (
+    KINDS, CheckpointError, check_checkpoint, hot_token_ids, make_tiny_model)
+
+
+def _sha(path) -> str:
+    return hashlib.sha256((path / "model.safetensors").read_bytes()).hexdigest()
+
+
+@pytest.fixture(scope="module", params=KINDS)
+def kit(request, tmp_path_factory):
+    kind = request.param
+    path = make_tiny_model(kind, tmp_path_factory.mktemp(kind) / "m", seed=0)
+    return kind, path, Reference(str(path))
+
+
+def test_checkpoint_is_deterministic(kit, tmp_path):
+    kind, path, _ = kit
+    again = make_tiny_model(kind, tmp_path / "again", seed=0)
+    other = make_tiny_model(kind, tmp_path / "other", seed=1)
+    assert _sha(again) == _sha(path)
+    assert _sha(other) != _sha(path)
+
+
+def test_config_and_mtp_tensors(kit):
+    kind, path, _ = kit
+    cfg = check_checkpoint(path)
+    assert cfg["model_type"] == kind
+    key = "num_nextn_predict_layers" if kind == "qwen3_next" else "mtp_num_hidden_layers"
+    assert cfg[key] == 1
+    assert cfg["linear_key_head_dim"] in (64, 128) and cfg["linear_value_head_dim"] in (64, 128)
+    from safetensors import safe_open
+
+    with safe_open(str(path / "model.safetensors"), "pt") as f:
+        names = set(f.keys())
+        dtypes = {f.get_tensor(n).dtype for n in list(names)[:5]}
+    assert dtypes == {torch.bfloat16}
+    assert {"mtp.fc.weight", "mtp.layers.0.self_attn.q_proj.weight"} <= names
+    if kind == "qwen3_next":
+        assert "mtp.layers.0.mlp.experts.3.down_proj.weight" in names
+    else:
+        assert "mtp.layers.0.mlp.gate_proj.weight" in names
+
+
+def test_missing_tensor_is_named(kit, tmp_path):
+    kind, path, _ = kit
+    from safetensors.torch import load_file, save_file
+
+    sd = load_file(str(path / "model.safetensors"))
+    del sd["mtp.fc.weight"]
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    save_file(sd, str(bad / "model.safetensors"))
+    for f in ("config.json", "tokenizer.json", "tokenizer_config.json"):
+        (bad / f).write_bytes((path / f).read_bytes())
+    with pytest.raises(CheckpointError, match=r"mtp\.fc\.weight"):
+        check_checkpoint(bad)
+
+
+def test_transformers_loads_every_weight(kit):
+    from transformers import AutoModelForCausalLM
+
+    _, path, _ = kit
+    _, info = AutoModelForCausalLM.from_pretrained(str(path), output_loading_info=True)
+    assert not info["missing_keys"], info["missing_keys"]
+    assert not info["mismatched_keys"]
+
+
+def test_tokenizer_round_trip_offline(kit):
+    from transformers import AutoTokenizer
+
+    _, path, _ = kit
+    tok = AutoTokenizer.from_pretrained(str(path))
+    cfg = json.loads((path / "config.json").read_text())
+    assert len(tok) == cfg["vocab_size"]
+    text = "hello, world\nabc"
+    ids = tok(text, add_special_tokens=False)["input_ids"]
+    assert len(ids) == len(text) and tok.decode(ids) == text
+    assert tok.eos_token_id == cfg["eos_token_id"] and tok.bos_token_id == cfg["bos_token_id"]
+    # every id of the model decodes to exactly one character (no gaps the engine could emit)
+    assert all(len(tok.decode([i])) == 1 for i in range(4, cfg["vocab_size"]))
+
+
+def test_outputs_depend_on_recurrent_state(kit):
+    """Same last 4 tokens, different histories: the next tokens differ (not a bigram echo)."""
+    _, _, ref = kit
+    h = hot_token_ids()
+    tail = [h[1], h[6], h[2], h[4]]
+    firsts = {tuple(ref.greedy([h[j]] * 8 + [h[(j + 3) % 8]] * 4 + tail, 4, dtype="fp32"))
+              for j in range(8)}
+    assert len(firsts) >= 3, firsts
+
+
+def test_outputs_stay_in_hot_alphabet(kit):
+    _, _, ref = kit
+    h = set(hot_token_ids())
+    gen = ref.greedy(sorted(h) * 3, 32, dtype="fp32")
+    assert sum(t in h for t in gen) >= 30
+
+
+def test_audit_regret(kit):
+    _, _, ref = kit
+    h = hot_token_ids()
+    prompt = [h[1], h[2], h[1], h[4], h[7], h[0], h[3]]
+    gen = ref.greedy(prompt, 16, dtype="fp32")
+    r = ref.audit([prompt], [gen])
+    assert r.positions == 16 and r.max_regret < 1e-4 and r.bad_fraction == 0
+    # the least likely token at position 5 has a large regret, and only that position is bad
+    lp = ref.logprobs(prompt + gen)
+    worst = int(lp[len(prompt) + 4].argmin())
+    wrong = gen[:5] + [worst] + gen[6:]
+    r2 = ref.audit([prompt], [wrong])
+    assert r2.regrets[0][5] > BAD_NATS and r2.first_bad() == [5]
+    assert r2.bad == 1 + sum(x > BAD_NATS for x in r2.regrets[0][6:])
+
+
+def test_pass_rule():
+    assert passes(0.03, 0.01) and not passes(0.031, 0.01)
+    assert AuditResult([[0.0, 0.6], [0.1]]).bad_fraction == pytest.approx(1 / 3)

@@ -1,0 +1,148 @@
+"""The Triton verify kernel under the Triton interpreter (CPU) against the float64 reference.
+
+The kernel runs in a subprocess with TRITON_INTERPRET=1 (small shapes, fp32/fp16 only);
+argument checking runs in-process (no launch).
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from vllm_platform_ext.ops.turboquant import layout as L
+from vllm_platform_ext.ops.turboquant import reference as R
+
+HERE = os.path.abspath(__file__)
+
+
+def _cache(preset, d, hk, nb=8, page=16, seed=0):
+    torch.manual_seed(seed)
+    lay = L.layout_for(preset, d)
+    c, H = L.lloyd_max_centroids(d, lay.centroid_bits), L.hadamard(d)
+    view = torch.zeros(nb, hk, page, lay.slot_size_aligned, dtype=torch.uint8).transpose(1, 2)
+    ntok = nb * page
+    R.tq_store_reference(torch.randn(ntok, hk, d), torch.randn(ntok, hk, d), view, torch.arange(ntok), preset,
+                         PiT=H, centroids=c)
+    return view, c, H
+
+
+def _cases():
+    # (preset, K+1, GQA, query dtype, launch overrides)
+    out = []
+    for preset in L.PRESETS:
+        out.append((preset, 4, 6, "float32", {}))
+        out.append((preset, 1, 2, "float16", {"BLOCK_N": 32, "GATHER": True}))
+    out += [
+        ("turboquant_k8v4", 6, 6, "float16", {"BLOCK_M": 16}),  # 36 rows in 3 row chunks
+        ("turboquant_3bit_nc", 6, 1, "float32", {"GATHER": True, "BLOCK_N": 16}),
+        ("turboquant_k3v4_nc", 2, 8, "float16", {"num_kv_splits": 1}),
+    ]
+    return out
+
+
+def _interp_check() -> dict:
+    from vllm_platform_ext.ops.turboquant import triton_verify as TV
+
+    d, hk = 32, 2
+    res = []
+    for preset, k1, g, qd, launch in _cases():
+        view, c, H = _cache(preset, d, hk)
+        sl = torch.tensor([k1 + 37, 0, 2, 128], dtype=torch.int32)  # long, padding, short (rows see nothing), full
+        bt = torch.tensor([[1, 2, 3, 0, 4, 5, 6, 7], [0] * 8, [5, 0, 0, 0, 0, 0, 0, 0], [7, 6, 5, 4, 3, 2, 1, 0]],
+                          dtype=torch.int32)
+        q = torch.randn(4 * k1, hk * g, d).to(getattr(torch, qd))
+        args = dict(preset=preset, scale=d**-0.5, centroids=c, PiT=H)
+        launch = dict(launch)
+        launch.setdefault("num_kv_splits", 3)
+        out = TV.turboquant_verify_attention(q, view, bt, sl, k1, **args, **launch)
+        ref = R.turboquant_verify_attention_reference(q.float(), view, bt, sl, k1, **args)
+        # a wrong causal offset (every row sees one position fewer) must be told apart
+        wrong = R.turboquant_verify_attention_reference(q.float(), view, bt, (sl - 1).clamp_min(0), k1, **args)
+        den = ref.abs().max().item()
+        res.append({
+            "case": [preset, k1, g, qd, launch],
+            "rel_err": float((out.float() - ref).abs().max()) / den,
+            "rel_wrong": float((out.float() - wrong).abs().max()) / den,
+            "finite": bool(torch.isfinite(out).all()),
+            "zero_rows": float(out[k1 : 2 * k1].abs().max())
+            + (float(out[2 * k1 : 3 * k1 - 2].abs().max()) if k1 > 2 else 0.0),
+            "dtype_ok": out.dtype == q.dtype,
+        })
+    return {"results": res}
+
+
+def test_triton_kernel_equals_reference_under_interpreter():
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    proc = subprocess.run([sys.executable, HERE, "--interp"], capture_output=True, text=True, env=env, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    res = json.loads(proc.stdout.strip().splitlines()[-1])["results"]
+    assert len(res) == len(_cases())
+    for r in res:
+        assert r["finite"] and r["dtype_ok"], r
+        assert r["rel_err"] < 3e-3, r
+        assert r["rel_wrong"] > 10 * r["rel_err"], r  # the comparison can fail
+        assert r["zero_rows"] == 0.0, r  # padded request and rows that see no position
+
+
+# ---------------------------------------------------------------------------------------
+# argument checks (no launch)
+# ---------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def tv():
+    return pytest.importorskip("vllm_platform_ext.ops.turboquant.triton_verify")
+
+
+def _args(preset="turboquant_4bit_nc", d=32, hk=2):
+    view, c, H = _cache(preset, d, hk, nb=2)
+    return view, c, H
+
+
+def test_rejects_non_uniform_and_bad_shapes(tv):
+    view, c, H = _args()
+    sl = torch.tensor([5, 6], dtype=torch.int32)
+    bt = torch.zeros(2, 2, dtype=torch.int32)
+    kw = dict(preset="turboquant_4bit_nc", scale=0.1, centroids=c, PiT=H)
+    with pytest.raises(ValueError, match="not uniform"):
+        tv.turboquant_verify_attention(torch.zeros(7, 4, 32), view, bt, sl, 4, **kw)
+    with pytest.raises(ValueError, match="multiple of num_kv_heads"):
+        tv.turboquant_verify_attention(torch.zeros(8, 3, 32), view, bt, sl, 4, **kw)
+    with pytest.raises(ValueError, match="head dim 48"):
+        tv.turboquant_verify_attention(torch.zeros(8, 4, 48), view, bt, sl, 4, **kw)
+    with pytest.raises(ValueError, match="seq_lens must be int32"):
+        tv.turboquant_verify_attention(torch.zeros(8, 4, 32), view, bt, sl.long(), 4, **kw)
+    with pytest.raises(ValueError, match="query dtype"):
+        tv.turboquant_verify_attention(torch.zeros(8, 4, 32, dtype=torch.float64), view, bt, sl, 4, **kw)
+    with pytest.raises(ValueError, match="centroids"):
+        tv.turboquant_verify_attention(torch.zeros(8, 4, 32), view, bt, sl, 4, **{**kw, "centroids": c[:8]})
+    with pytest.raises(ValueError, match="slot"):
+        tv.turboquant_verify_attention(torch.zeros(8, 4, 32), view[..., :10], bt, sl, 4, **kw)
+
+
+def test_workspace_is_sized_max_num_seqs_times_k_plus_1(tv):
+    ws = tv.VerifyWorkspace.allocate(max_num_seqs=8, max_query_len=4, num_q_heads=4, head_dim=32, max_kv_splits=3,
+                                     device="cpu")
+    assert tuple(ws.mid.shape) == (32, 4, 3, 33)
+    view, c, H = _args()
+    kw = dict(preset="turboquant_4bit_nc", scale=0.1, centroids=c, PiT=H, workspace=ws)
+    with pytest.raises(ValueError, match="workspace .* too small"):
+        # 9 requests x 4 rows = 36 > 32 rows (the max_num_seqs-rows overflow of the upstream routing)
+        tv.turboquant_verify_attention(torch.zeros(36, 4, 32), view, torch.zeros(9, 2, dtype=torch.int32),
+                                       torch.ones(9, dtype=torch.int32), 4, **kw)
+    with pytest.raises(ValueError, match="workspace .* too small"):
+        tv.turboquant_verify_attention(torch.zeros(8, 4, 32), view, torch.zeros(2, 2, dtype=torch.int32),
+                                       torch.ones(2, dtype=torch.int32), 4, **kw, num_kv_splits=4)
+
+
+def test_default_split_count_depends_only_on_shapes(tv):
+    dev = torch.device("cpu")
+    assert tv.default_num_kv_splits(1, 4, 1, dev, 32) == 32
+    assert tv.default_num_kv_splits(64, 4, 1, dev, 32) == 2
+    assert tv.default_num_kv_splits(1000, 4, 1, dev, 32) == 1
+
+
+if __name__ == "__main__" and "--interp" in sys.argv:
+    print(json.dumps(_interp_check()))

@@ -1,0 +1,198 @@
+"""Wiring of the K+1 verify route into vLLM 0.32's TurboQuant backend, on CPU.
+
+Real vLLM classes and metadata objects; the op resolves to the torch reference on CPU
+(``cpu`` entry). vLLM's own per-request path needs its Triton kernels (disabled by vLLM on a
+CPU host), so it is spied on rather than run: non-uniform batches must reach it unchanged.
+"""
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from vllm_platform_ext import patching
+from vllm_platform_ext.ops.turboquant import layout as L
+from vllm_platform_ext.ops.turboquant import reference as R
+from vllm_platform_ext.ops.turboquant.routing import uniform_verify_width, workspace_rows
+
+tq = pytest.importorskip("vllm.v1.attention.backends.turboquant_attn")
+wiring = pytest.importorskip("vllm_platform_ext.wiring.turboquant")
+
+
+# ---------------------------------------------------------------------------------------
+# predicate and sizing
+# ---------------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "lens, ntok, maxq, nspec, want",
+    [
+        ([4, 4, 4], 12, 4, 3, 4),  # MTP K=3 verify batch
+        ([6] * 5, 30, 6, 5, 6),  # K+1 = 6
+        ([2, 2], 4, 2, 3, 2),  # uniform but fewer drafts than configured: still one width
+        ([4, 4, 0, 0], 16, 4, 3, 4),  # CUDA-graph padding requests at the tail
+        ([4, 2], 8, 4, 3, 0),  # non-uniform, token count padded to B*max (must NOT route)
+        ([4, 2], 6, 4, 3, 0),  # non-uniform
+        ([4, 0, 4], 12, 4, 3, 0),  # zero-length request in the middle
+        ([0, 4], 8, 4, 3, 0),
+        ([1, 1, 1], 3, 1, 3, 0),  # plain decode keeps vLLM's decode path
+        ([4, 4], 8, 4, 0, 0),  # no speculative decoding configured
+        ([5, 5], 10, 5, 3, 0),  # wider than K+1: a prefill chunk, not a verify batch
+        ([4, 4, 4], 13, 4, 3, 0),  # token count does not match
+        ([], 0, 0, 3, 0),
+    ],
+)
+def test_uniform_verify_width(lens, ntok, maxq, nspec, want):
+    assert uniform_verify_width(lens, ntok, maxq, nspec) == want
+
+
+def test_workspace_rows():
+    assert workspace_rows(64, 3) == 256
+    assert workspace_rows(4, 5) == 24
+    assert workspace_rows(8, 0) == 8
+    with pytest.raises(ValueError):
+        workspace_rows(0, 3)
+
+
+def test_verify_width_from_common_metadata():
+    cam = SimpleNamespace(query_start_loc_cpu=torch.tensor([0, 4, 8, 12, 12], dtype=torch.int32),
+                          num_actual_tokens=16, max_query_len=4)
+    assert wiring.verify_width(cam, 3) == 4
+    assert wiring.verify_width(cam, 0) == 0
+    cam.query_start_loc_cpu = torch.tensor([0, 4, 6], dtype=torch.int32)
+    cam.num_actual_tokens = 8
+    assert wiring.verify_width(cam, 3) == 0
+
+
+# ---------------------------------------------------------------------------------------
+# the patched backend
+# ---------------------------------------------------------------------------------------
+@pytest.fixture
+def patched():
+    from vllm_platform_ext.ops import turboquant as tq_ops
+    from vllm_platform_ext.ops.dispatch import REGISTRY
+
+    for impl in tq_ops.OPS:  # what bootstrap's register_all does
+        REGISTRY.register(impl)
+    group = wiring.GROUPS[0]
+    assert group.skip_if() is None
+    targets = patching.apply(group.name, list(group.build()))
+    try:
+        yield targets
+    finally:
+        patching.restore(group.name)
+
+
+def test_patch_group_applies_and_restores():
+    group = wiring.GROUPS[0]
+    orig_forward = tq.TurboQuantAttentionImpl.forward
+    targets = patching.apply(group.name, list(group.build()))
+    try:
+        assert len(targets) == 4
+        assert tq.TurboQuantAttentionImpl.forward is not orig_forward
+    finally:
+        patching.restore(group.name)
+    assert tq.TurboQuantAttentionImpl.forward is orig_forward
+    assert "get_cudagraph_support" not in vars(tq.TurboQuantMetadataBuilder)
+
+
+def test_cudagraph_support_is_declared_truthfully(patched):
+    from vllm.v1.attention.backend import AttentionCGSupport
+
+    B = tq.TurboQuantMetadataBuilder
+    with_spec = SimpleNamespace(speculative_config=SimpleNamespace(num_speculative_tokens=3))
+    without = SimpleNamespace(speculative_config=None)
+    assert B.get_cudagraph_support(with_spec, None) == AttentionCGSupport.UNIFORM_BATCH
+    assert B.get_cudagraph_support(without, None) == B._cudagraph_support  # unchanged without spec
+
+
+def test_build_tags_metadata(patched, monkeypatch):
+    md = tq.TurboQuantMetadata(seq_lens=torch.ones(2, dtype=torch.int32), slot_mapping=torch.zeros(8),
+                               block_table=torch.zeros(2, 1, dtype=torch.int32),
+                               query_start_loc=torch.tensor([0, 4, 8]))
+    orig = patching.original(f"{wiring.MOD}:TurboQuantMetadataBuilder.build")
+    monkeypatch.setattr(wiring, "_num_spec_tokens", lambda cfg: 3)
+    fake = SimpleNamespace(vllm_config=None)
+    cam = SimpleNamespace(query_start_loc_cpu=torch.tensor([0, 4, 8]), num_actual_tokens=8, max_query_len=4)
+    calls = []
+
+    def fake_orig(self, cpl, c, fast_build=False):
+        calls.append(c)
+        return md
+
+    built = wiring._build_factory(fake_orig)(fake, 0, cam)
+    assert built.verify_k1 == 4 and calls == [cam]
+    cam2 = SimpleNamespace(query_start_loc_cpu=torch.tensor([0, 4, 5]), num_actual_tokens=5, max_query_len=4)
+    assert wiring._build_factory(fake_orig)(fake, 0, cam2).verify_k1 == 0
+    assert callable(orig)
+
+
+def _impl(preset, hq, hk, d, num_spec):
+    impl = tq.TurboQuantAttentionImpl.__new__(tq.TurboQuantAttentionImpl)
+    from vllm.model_executor.layers.quantization.turboquant.config import TurboQuantConfig
+
+    impl.num_heads, impl.head_size, impl.scale, impl.num_kv_heads = hq, d, d**-0.5, hk
+    impl.num_kv_groups = hq // hk
+    impl.kv_cache_dtype = preset
+    impl.tq_config = TurboQuantConfig.from_cache_dtype(preset, d)
+    impl._soa_store = impl._use_flydsl = False
+    impl.max_num_kv_splits = 4
+    impl._max_model_len = 4096
+    impl._pe_num_spec, impl._pe_max_num_seqs = num_spec, 8
+    impl._pe_ws_rows = workspace_rows(8, num_spec)
+    return impl
+
+
+@pytest.mark.parametrize("preset", ["turboquant_k8v4", "turboquant_3bit_nc"])
+def test_patched_forward_routes_uniform_batch_to_op(patched, monkeypatch, preset):
+    d, hq, hk, k1, page = 64, 6, 2, 4, 16
+    impl = _impl(preset, hq, hk, d, num_spec=3)
+    layer = torch.nn.Module()
+    impl._ensure_on_device(layer, torch.device("cpu"))  # vLLM's own rotation/codebook buffers
+    lay = L.layout_for(preset, d)
+    cache = torch.zeros(6, hk, page, lay.slot_size_aligned, dtype=torch.uint8)  # vLLM's head-major cache
+    ntok = 6 * page
+    R.tq_store_reference(torch.randn(ntok, hk, d), torch.randn(ntok, hk, d), cache.transpose(1, 2),
+                         torch.arange(ntok), preset, PiT=layer._tq_PiT, centroids=layer._tq_centroids)
+    sl = torch.tensor([30, 9, 0], dtype=torch.int32)  # third request: CUDA-graph padding
+    bt = torch.tensor([[1, 2], [3, 0], [0, 0]], dtype=torch.int32)
+    n = 3 * k1
+    md = tq.TurboQuantMetadata(seq_lens=sl, slot_mapping=torch.zeros(n, dtype=torch.long), block_table=bt,
+                               query_start_loc=torch.tensor([0, 4, 8, 8]), num_actual_tokens=n, max_query_len=k1,
+                               max_seq_len=30, is_prefill=True, query_start_loc_cpu=torch.tensor([0, 4, 8, 8]),
+                               seq_lens_cpu=sl)
+    md.verify_k1 = k1
+    q = torch.randn(n, hq * d)
+    out = torch.full((n + 2, hq * d), 7.0)  # vLLM's output buffer, padded beyond num_actual_tokens
+    orig_called = []
+    monkeypatch.setattr(impl, "_prefill_attention", lambda *a, **k: orig_called.append(1))
+    res = tq.TurboQuantAttentionImpl.forward(impl, layer, q, None, None, cache, md, output=out)
+    assert res is out and not orig_called
+    ref = R.tq_attention_reference_varlen(
+        q.view(n, hq, d), cache.transpose(1, 2), bt, sl, torch.tensor([0, 4, 8, 12]), preset=preset,
+        scale=d**-0.5, centroids=layer._tq_centroids, PiT=layer._tq_PiT)
+    assert torch.allclose(out[:n].view(n, hq, d), ref, atol=1e-5)
+    assert (out[n:] == 7.0).all()  # rows past num_actual_tokens untouched
+
+
+def test_patched_forward_keeps_vllm_path_for_other_batches(patched, monkeypatch):
+    impl = _impl("turboquant_4bit_nc", 4, 2, 64, num_spec=3)
+    seen = []
+    sentinel = torch.zeros(1)
+
+    def spy(self, *a, **k):
+        seen.append(a[4])
+        return sentinel
+
+    fwd = wiring._forward_factory(spy)
+    base = dict(seq_lens=torch.ones(2, dtype=torch.int32), slot_mapping=torch.zeros(6),
+                block_table=torch.zeros(2, 1, dtype=torch.int32), query_start_loc=torch.tensor([0, 4, 6]))
+    for tag in (0, 1, 5, None):  # non-uniform, decode, wider than K+1, untagged metadata
+        md = tq.TurboQuantMetadata(**base)
+        if tag is not None:
+            md.verify_k1 = tag
+        assert fwd(impl, None, None, None, None, None, md) is sentinel
+    impl._soa_store = True  # SoA cache layout (FlyDSL): always vLLM's path
+    md = tq.TurboQuantMetadata(**base)
+    md.verify_k1 = 4
+    assert fwd(impl, None, None, None, None, None, md) is sentinel
+    assert len(seen) == 5

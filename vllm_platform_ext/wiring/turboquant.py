@@ -1,0 +1,172 @@
+"""Wiring: uniform K+1 speculative-verify batches of vLLM's TurboQuant backend go to the
+``turboquant.verify_attention`` op (one kernel, graph-capturable), when speculative decoding
+is configured. Every other batch (decode, prefill, mixed, non-uniform) keeps vLLM's path.
+
+Patches (vLLM 0.32 ``vllm.v1.attention.backends.turboquant_attn``):
+
+* ``TurboQuantMetadataBuilder.build``: once per step, tag the metadata with ``verify_k1``
+  (K+1 for a uniform verify batch, else 0), decided on the CPU copy of ``query_start_loc``;
+  ``build_for_cudagraph_capture`` goes through ``build``, so captured batches are tagged too.
+* ``TurboQuantAttentionImpl.__init__``: remember the speculative width and the workspace rows
+  (``max_num_seqs x (K+1)``).
+* ``TurboQuantAttentionImpl.forward``: tagged batches -> the op, writing into vLLM's output.
+* ``TurboQuantMetadataBuilder.get_cudagraph_support``: with speculative decoding, declare
+  UNIFORM_BATCH only where the route serves the captured K+1 batches (AoS cache), else
+  UNIFORM_SINGLE_TOKEN_DECODE (the truthful downgrade), instead of vLLM's UNIFORM_BATCH.
+"""
+from __future__ import annotations
+
+import importlib.util
+from typing import Any
+
+import torch
+
+from vllm_platform_ext.ops.turboquant.routing import uniform_verify_width, workspace_rows
+from vllm_platform_ext.patching import Patch, PatchGroup
+
+MOD = "vllm.v1.attention.backends.turboquant_attn"
+OP = "turboquant.verify_attention"
+_WORKSPACES: dict[tuple, Any] = {}  # shared by all layers (they run one after another)
+
+
+def _num_spec_tokens(vllm_config: Any) -> int:
+    spec = getattr(vllm_config, "speculative_config", None)
+    return int(getattr(spec, "num_speculative_tokens", 0) or 0) if spec is not None else 0
+
+
+def verify_width(common_attn_metadata: Any, num_spec_tokens: int) -> int:
+    """K+1 for a uniform verify batch described by vLLM's CommonAttentionMetadata, else 0."""
+    if num_spec_tokens < 1:
+        return 0
+    qsl = getattr(common_attn_metadata, "query_start_loc_cpu", None)
+    if qsl is None:
+        return 0
+    lens = (qsl[1:] - qsl[:-1]).tolist()
+    return uniform_verify_width(lens, int(common_attn_metadata.num_actual_tokens),
+                                int(common_attn_metadata.max_query_len), num_spec_tokens)
+
+
+def _workspace(impl: Any, device: torch.device):
+    from vllm_platform_ext.ops.turboquant.triton_verify import DEFAULT_MAX_KV_SPLITS, VerifyWorkspace
+
+    key = (str(device), impl._pe_ws_rows, impl.num_heads, impl.head_size)
+    ws = _WORKSPACES.get(key)
+    if ws is None:
+        ws = VerifyWorkspace.allocate(impl._pe_max_num_seqs, impl._pe_num_spec + 1, impl.num_heads, impl.head_size,
+                                      max_kv_splits=DEFAULT_MAX_KV_SPLITS, device=device)
+        _WORKSPACES[key] = ws
+    return ws
+
+
+def _route_ok(impl: Any, attn_metadata: Any) -> int:
+    if attn_metadata is None or getattr(impl, "_soa_store", False):
+        return 0  # SoA (FlyDSL) caches have another byte layout: keep vLLM's path
+    k1 = int(getattr(attn_metadata, "verify_k1", 0) or 0)
+    if k1 < 2 or k1 > getattr(impl, "_pe_num_spec", 0) + 1:
+        return 0
+    return k1
+
+
+def verify_forward(impl: Any, layer: Any, query: torch.Tensor, kv_cache: torch.Tensor, attn_metadata: Any,
+                   output: torch.Tensor | None, k1: int) -> torch.Tensor:
+    """The routed forward: all ``num_actual_tokens`` rows (B x (K+1)) through the op."""
+    from vllm_platform_ext.ops.dispatch import active_platform, get_op, op_config
+
+    n = int(attn_metadata.num_actual_tokens)
+    hq, d = impl.num_heads, impl.head_size
+    if output is None:
+        output = torch.zeros(query.shape[0], hq * d, dtype=query.dtype, device=query.device)
+    if n <= 0:
+        return output.fill_(0)
+    b = n // k1
+    q = query[:n].view(n, hq, d)
+    impl._ensure_on_device(layer, q.device)
+    platform = active_platform()
+    op = get_op(OP, platform)
+    extra = op_config(OP, platform)
+    if platform != "cpu":
+        extra["workspace"] = _workspace(impl, q.device)
+    op(q, kv_cache.transpose(1, 2), attn_metadata.block_table[:b], attn_metadata.seq_lens[:b], k1,
+       preset=impl.kv_cache_dtype, scale=impl.scale, centroids=layer._tq_centroids, PiT=layer._tq_PiT,
+       out=output[:n].view(n, hq, d), **extra)
+    return output
+
+
+def _build_factory(orig):
+    def build(self, common_prefix_len, common_attn_metadata, fast_build=False):
+        md = orig(self, common_prefix_len, common_attn_metadata, fast_build)
+        md.verify_k1 = verify_width(common_attn_metadata, _num_spec_tokens(self.vllm_config))
+        return md
+
+    return build
+
+
+def _init_factory(orig):
+    def __init__(self, *args, **kwargs):
+        orig(self, *args, **kwargs)
+        from vllm.config import get_current_vllm_config
+
+        cfg = get_current_vllm_config()
+        self._pe_num_spec = _num_spec_tokens(cfg)
+        self._pe_max_num_seqs = int(cfg.scheduler_config.max_num_seqs)
+        self._pe_ws_rows = workspace_rows(self._pe_max_num_seqs, self._pe_num_spec)
+
+    return __init__
+
+
+def _forward_factory(orig):
+    def forward(self, layer, query, key, value, kv_cache, attn_metadata, output=None, output_scale=None,
+                output_block_scale=None):
+        k1 = _route_ok(self, attn_metadata) if output_scale is None and output_block_scale is None else 0
+        if not k1:
+            return orig(self, layer, query, key, value, kv_cache, attn_metadata, output, output_scale,
+                        output_block_scale)
+        return verify_forward(self, layer, query, kv_cache, attn_metadata, output, k1)
+
+    return forward
+
+
+def _cg_support_factory(orig):
+    def get_cudagraph_support(cls, vllm_config, kv_cache_spec):
+        if _num_spec_tokens(vllm_config) < 1:
+            return orig(cls, vllm_config, kv_cache_spec)
+        from vllm.v1.attention.backend import AttentionCGSupport
+        from vllm.v1.attention.ops.flydsl_turboquant_decode import is_flydsl_available
+
+        if is_flydsl_available():  # SoA cache: the verify route does not serve it
+            return AttentionCGSupport.UNIFORM_SINGLE_TOKEN_DECODE
+        return AttentionCGSupport.UNIFORM_BATCH
+
+    return get_cudagraph_support
+
+
+def _skip_if() -> str | None:
+    try:
+        spec = importlib.util.find_spec(MOD)
+    except (ImportError, ValueError):
+        spec = None
+    if spec is None:
+        return f"this vLLM has no TurboQuant backend ({MOD})"
+    return None
+
+
+def _build() -> list[Patch]:
+    cls = f"{MOD}:TurboQuantAttentionImpl"
+    bld = f"{MOD}:TurboQuantMetadataBuilder"
+    return [
+        Patch(f"{bld}.build", _build_factory),
+        Patch(f"{bld}.get_cudagraph_support", _cg_support_factory),
+        Patch(f"{cls}.__init__", _init_factory),
+        Patch(f"{cls}.forward", _forward_factory),
+    ]
+
+
+GROUPS: list[PatchGroup] = [
+    PatchGroup(
+        name="turboquant_spec_verify",
+        why="uniform K+1 verify batches on a TurboQuant KV cache: one graph-capturable kernel instead of "
+            "the per-request CPU loop (degenerate output under FULL CUDA graphs, vLLM #40880/#53180)",
+        build=_build,
+        skip_if=_skip_if,
+    )
+]
