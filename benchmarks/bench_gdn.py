@@ -243,6 +243,32 @@ def bench(batches=(1, 8, 64), ks=(1, 3, 5)) -> dict:
     return {"rows": rows, "prefill": pre, "eager_B8_k3": eager, "sweep": sweep}
 
 
+def sweep(batches=(1, 2, 4, 8, 16, 64), ks=(1, 3)) -> list:
+    """Recurrence launch shapes (BLOCK_V, num_warps, num_stages) by batch: picks the policy."""
+    out = []
+    cfgs = [(32, 4, 3), (32, 4, 2), (16, 4, 2), (16, 2, 2), (8, 2, 2), (8, 4, 2), (16, 1, 2), (8, 1, 2),
+            (32, 1, 2), (32, 2, 2), (4, 1, 2)]
+    for B in batches:
+        for k in ks:
+            p = _problem(B, k)
+            row = {"B": B, "k": k}
+            for bv, nw, ns in cfgs:
+                cfg = {"BLOCK_V": bv, "num_warps": nw, "num_stages": ns, "SMALL_GRID": 0}
+                row[f"{bv}/{nw}/{ns}"] = round(_bench(lambda: X.fused_gating_recurrent_gated_delta_rule(
+                    p["q"], p["k"], p["v"], p["A_log"], p["a"], p["b"], p["dt_bias"], p["scale"], p["ssm"], p["qsl"],
+                    p["table"], p["acc"], config=cfg)), 3)
+            row["default"] = round(_bench(lambda: X.fused_gating_recurrent_gated_delta_rule(
+                p["q"], p["k"], p["v"], p["A_log"], p["a"], p["b"], p["dt_bias"], p["scale"], p["ssm"], p["qsl"],
+                p["table"], p["acc"])), 3)
+            row["vllm_fused"] = round(_bench(lambda: _vllm().fused_gating_recurrent_gated_delta_rule(
+                p["q"], p["k"], p["v"], p["A_log"], p["a"], p["b"], p["dt_bias"], p["scale"], p["ssm"], p["qsl"],
+                p["table"], p["acc"])), 3)
+            print(json.dumps(row), flush=True)
+            out.append(row)
+            del p
+    return out
+
+
 def _bench_eager(fn) -> float:
     import triton
 
@@ -299,6 +325,7 @@ def main() -> int:
     ap.add_argument("--xcheck", action="store_true")
     ap.add_argument("--bench", action="store_true")
     ap.add_argument("--sanitize", action="store_true")
+    ap.add_argument("--sweep", action="store_true")
     ap.add_argument("--out", default=None)
     ap.add_argument("--batches", default="1,8,64")
     ap.add_argument("--ks", default="1,3,5")
@@ -308,6 +335,8 @@ def main() -> int:
     if a.sanitize:
         res["sanitize"] = sanitize()
         print(json.dumps(res["sanitize"]))
+    if a.sweep:
+        res["sweep"] = sweep()
     if a.xcheck:
         res["xcheck"] = xcheck()
         print(json.dumps(res["xcheck"], indent=1))
@@ -318,7 +347,7 @@ def main() -> int:
         res["markdown"] = md
     if a.out:
         os.makedirs(a.out, exist_ok=True)
-        with open(os.path.join(a.out, "bench_gdn.json"), "w") as f:
+        with open(os.path.join(a.out, "bench_gdn_sweep.json" if a.sweep and not a.bench else "bench_gdn.json"), "w") as f:
             json.dump(res, f, indent=1)
         if "markdown" in res:
             with open(os.path.join(a.out, "bench_gdn.md"), "w") as f:

@@ -30,6 +30,20 @@ def test_gpu_matches_reference(X, name, dtype):
     R.assert_close(res, dtype)
 
 
+@pytest.mark.parametrize("name", sorted(n for n, c in CASES.items() if c["op"] == "recurrent_gated_delta_rule"))
+def test_gpu_recurrence_other_launch_shapes(X, name):
+    """Launch shapes other than the default (wide V blocks, 4 warps; the small-grid switch)."""
+    import functools
+    import types
+
+    big = types.SimpleNamespace(recurrent_gated_delta_rule=functools.partial(
+        X.recurrent_gated_delta_rule, config={"BLOCK_V": 32, "num_warps": 4}))
+    R.assert_close(R.run_and_compare(big, CASES[name], torch.bfloat16, "cuda"), torch.bfloat16)
+    small = types.SimpleNamespace(recurrent_gated_delta_rule=functools.partial(
+        X.recurrent_gated_delta_rule, config={"SMALL_GRID": 1 << 20, "SMALL_BLOCK_V": 16, "SMALL_NUM_WARPS": 2}))
+    R.assert_close(R.run_and_compare(small, CASES[name], torch.bfloat16, "cuda"), torch.bfloat16)
+
+
 @pytest.mark.parametrize("name", sorted(R.bad_input_cases()))
 def test_gpu_rejects_bad_input(X, name):
     case, word = R.bad_input_cases()[name]

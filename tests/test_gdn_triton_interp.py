@@ -40,6 +40,20 @@ def _worker() -> dict:
                 out["cases"][key] = {"ok": True, "res": res}
             except Exception as exc:  # noqa: BLE001 - reported per case
                 out["cases"][key] = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
+    # another launch shape of the recurrence (wide V blocks, through the small-grid switch)
+    import functools
+    import types
+
+    big = types.SimpleNamespace(recurrent_gated_delta_rule=functools.partial(
+        X.recurrent_gated_delta_rule, config={"SMALL_GRID": 1 << 20, "SMALL_BLOCK_V": 32, "SMALL_NUM_WARPS": 4}))
+    for name, case in R.standard_cases().items():
+        if case["op"] != "recurrent_gated_delta_rule":
+            continue
+        try:
+            R.assert_close(R.run_and_compare(big, case, torch.float32), torch.float32)
+            out["cases"][f"{name}|other-launch-shape"] = {"ok": True, "res": {"op": case["op"], "out_dtype": "torch.float32"}}
+        except Exception as exc:  # noqa: BLE001
+            out["cases"][f"{name}|other-launch-shape"] = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
     for name, (case, word) in R.bad_input_cases().items():
         kind, msg = R.expect_error(X, case, torch.float32)
         out["bad"][name] = {"kind": kind, "msg": msg, "word": word}
@@ -92,6 +106,18 @@ def test_triton_interp_matches_reference(interp, name, dtype):
     assert r["ok"], r["error"]
     if r["res"]["op"] != "gdn_gating":
         assert r["res"]["out_dtype"] == f"torch.{dtype}"
+
+
+def _rec_names():
+    from vllm_platform_ext.ops.gdn import reference as R
+
+    return sorted(n for n, c in R.standard_cases().items() if c["op"] == "recurrent_gated_delta_rule")
+
+
+@pytest.mark.parametrize("name", _rec_names())
+def test_triton_interp_recurrence_other_launch_shape(interp, name):
+    r = interp["cases"][f"{name}|other-launch-shape"]
+    assert r["ok"], r["error"]
 
 
 @pytest.mark.parametrize("name", _bad_names())

@@ -9,6 +9,6 @@ from vllm_platform_ext.patching import PatchGroup
 
 
 def groups() -> list[PatchGroup]:
-    from vllm_platform_ext.wiring import gdn_cpu
+    from vllm_platform_ext.wiring import gdn_cpu, turboquant
 
-    return [*gdn_cpu.GROUPS]
+    return [*gdn_cpu.GROUPS, *turboquant.GROUPS]

@@ -60,15 +60,19 @@ def _platform() -> str:
     return "cuda"
 
 
-def default_config(op: str, platform: str | None = None) -> dict[str, Any]:
-    """The launch config of ``op`` (``"gdn.<name>"``) declared in the GDN ``OPS`` table."""
+@functools.lru_cache(maxsize=None)
+def _table_config(op: str, platform: str) -> tuple:
     from vllm_platform_ext.ops.gdn import OPS
 
-    platform = platform or _platform()
     for impl in OPS:
         if impl.op == op and impl.platform == platform:
-            return dict(impl.config)
+            return tuple(impl.config.items())
     raise KeyError(f"no {platform} config for {op}")
+
+
+def default_config(op: str, platform: str | None = None) -> dict[str, Any]:
+    """The launch config of ``op`` (``"gdn.<name>"``) declared in the GDN ``OPS`` table."""
+    return dict(_table_config(op, platform or _platform()))
 
 
 def _cfg(op: str, config: dict | None) -> dict[str, Any]:
@@ -620,6 +624,12 @@ def _recurrent(q, k, v, gates, scale, ssm_states, query_start_loc, state_indices
     cfg = _cfg("gdn.recurrent_gated_delta_rule", config)
     BK = _next_pow2(K)
     BV = min(cfg["BLOCK_V"], _next_pow2(V))
+    num_warps = cfg["num_warps"]
+    # few (row, head) pairs: fewer programs than the GPU has room for, so give each one a
+    # different shape (measured in benchmarks/RESULTS_gdn.md)
+    if cfg.get("SMALL_GRID") and n * HV * triton.cdiv(V, BV) < cfg["SMALL_GRID"]:
+        BV = min(cfg["SMALL_BLOCK_V"], _next_pow2(V))
+        num_warps = cfg["SMALL_NUM_WARPS"]
     if has_initial_state is not None:
         init = _dense(has_initial_state.reshape(-1)[:n])
         init = init.view(torch.uint8) if init.dtype == torch.bool else (init != 0).view(torch.uint8)
@@ -643,7 +653,7 @@ def _recurrent(q, k, v, gates, scale, ssm_states, query_start_loc, state_indices
         ssm_states.stride(0), si_n, si_c,
         H=H, HV=HV, K=K, V=V, BK=BK, BV=BV, SPEC=spec, HAS_INIT=has_initial_state is not None,
         L2NORM=bool(use_qk_l2norm), FUSED_GATING=fused,
-        num_warps=cfg["num_warps"], num_stages=cfg.get("num_stages", 2),
+        num_warps=num_warps, num_stages=cfg.get("num_stages", 2),
     )
     return out
 
