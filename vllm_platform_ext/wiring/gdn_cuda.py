@@ -131,9 +131,12 @@ def _make_build(orig: Callable) -> Callable:
 def groups() -> list[PatchGroup]:
     return [
         PatchGroup(
-            name="gdn-cuda-zero-draft-spec-rows",
+            name="gdn.cuda_zero_draft_spec_rows",
             why="zero-draft decode rows read the accepted SSM slot / conv offset (spec path), vllm#39273",
             build=lambda: [Patch(BUILD_TARGET, _make_build)],
             skip_if=skip_reason,
         )
     ]
+
+
+GROUPS: list[PatchGroup] = groups()
