@@ -136,27 +136,29 @@ def main() -> None:
     gen = torch.Generator().manual_seed(0)
     arange_cache = torch.arange(0, 32768 + 2, device="cuda", dtype=torch.int32)
     best: dict[str, dict] = {}
-    if args.tune:
-        for preset in ("turboquant_k8v4", "turboquant_3bit_nc", "turboquant_4bit_nc"):
+    if args.tune:  # the word-load (v2) kernel's table: BLOCK_N x register prefetch, per key type
+        for preset, key in (("turboquant_k8v4", "fp8"), ("turboquant_4bit_nc", "mse4"), ("turboquant_3bit_nc", "mse3")):
             lay, cache, view, bt = build_cache(preset, 4, 32768, 64, gen)
             ws = TV.VerifyWorkspace.allocate(64, 4, 24, D, device="cuda")
             res = []
-            for bn in (16, 32):
-                for nw in (4, 8):
-                    for gather in (True, False):
-                        for st in (2, 3):
-                            cfg = {"BLOCK_N": bn, "num_warps": nw, "num_stages": st, "GATHER": gather}
-                            try:
-                                r = bench_case(up, lay, view, bt, 32768, 64, 3, 24, 4, bw, ws, arange_cache, cfg, True)
-                            except Exception as exc:  # noqa: BLE001
-                                print("tune", preset, cfg, "failed", type(exc).__name__, str(exc)[:200], flush=True)
-                                continue
-                            print("tune", preset, json.dumps(cfg), f"{r['ours_ms']:.3f} ms {r['pct_bound']:.0f}%", flush=True)
-                            res.append((r["ours_ms"], cfg))
-            best[preset] = min(res, key=lambda x: x[0])[1]
-            print("tune best", preset, best[preset], flush=True)
+            for bn in (32, 64):
+                for pf in (True, False):
+                    cfg = {"BLOCK_N": bn, "num_warps": 4, "num_stages": 1, "PREFETCH": pf}
+                    TV.V2_LAUNCH_DEFAULTS[key] = cfg
+                    try:
+                        r = bench_case(up, lay, view, bt, 32768, 64, 3, 24, 4, bw, ws, arange_cache, None, True)
+                    except Exception as exc:  # noqa: BLE001
+                        print("tune", preset, cfg, "failed", type(exc).__name__, str(exc)[:200], flush=True)
+                        continue
+                    print("tune", preset, json.dumps(cfg), f"{r['ours_ms']:.3f} ms {r['pct_bound']:.0f}%", flush=True)
+                    res.append((r["ours_ms"], cfg))
+            best[key] = min(res, key=lambda x: x[0])[1]
+            TV.V2_LAUNCH_DEFAULTS[key] = best[key]
+            print("tune best", key, best[key], flush=True)
             del cache, view, bt, ws
             torch.cuda.empty_cache()
+        best = {}  # the tuned table is in TV.V2_LAUNCH_DEFAULTS; no per-call overrides
+
     def launch_for(preset):
         if preset in best:
             return best[preset]
@@ -194,7 +196,7 @@ def main() -> None:
     if args.out:
         with open(args.out, "w") as f:
             f.write(f"device: {torch.cuda.get_device_name()}, copy bandwidth {bw / 1e12:.2f} TB/s, "
-                    f"torch {torch.__version__}, triton {triton.__version__}, launch configs {json.dumps(best)}\n\n{table}\n")
+                    f"torch {torch.__version__}, triton {triton.__version__}, v2 launch table {json.dumps(TV.V2_LAUNCH_DEFAULTS)}\n\n{table}\n")
         with open(os.path.splitext(args.out)[0] + ".json", "w") as f:
             json.dump({"bw": bw, "rows": rows}, f)
 

@@ -35,6 +35,29 @@ OLD_BUILDER_EXCERPT = """
 """
 
 
+OLD_RUNNER_EXCERPT = """
+        if self.num_accepted_tokens_event is not None:
+            self.num_accepted_tokens_event.synchronize()
+            self.num_accepted_tokens.copy_to_gpu()
+        is_prefilling = num_computed_tokens_cpu < num_prompt_tokens_cpu
+            if use_spec_decode and isinstance(
+                builder, (Mamba2AttentionMetadataBuilder, GDNAttentionMetadataBuilder)
+            ):
+                extra_attn_metadata_args = dict(
+                    num_accepted_tokens=self.num_accepted_tokens.gpu[:num_reqs_padded],
+"""
+OLD_LAYER_EXCERPT = """
+                fused_sigmoid_gating_delta_rule_update(
+                    A_log=self.A_log,
+                    a=a,
+                    b=b,
+                    cu_seqlens=spec_query_start_loc[  # type: ignore[index]
+                        : attn_metadata.num_spec_decodes
+                    ],
+                    num_accepted_tokens=num_accepted_tokens,
+"""
+
+
 def test_probe_finds_the_upstream_fix_and_skips():
     p = G.probe()
     assert p["runner_fix"] and p["builder_spec_mask"] and p["builder_sum_gate"] is None, p
@@ -52,7 +75,7 @@ def test_group_is_reported_skipped_and_patches_nothing():
     assert patching.apply_group(group, report) is False
     entry = report.find("patch", group.name)
     assert entry is not None and "zero_draft_decode_mask" in entry.detail
-    assert not patching.is_patched(G.BUILD_TARGET)
+    assert not any(patching.is_patched(t) for t in G.targets())
 
 
 def test_old_sum_gate_is_recognised():
@@ -61,20 +84,37 @@ def test_old_sum_gate_is_recognised():
         assert not G._OLD_SUM_GATE.search(f.read())
 
 
-def test_reclassify_zero_draft_rows():
-    # rows: decode w/o drafts (prior state), 1-token first prompt chunk (no prior state),
+def test_spec_row_drafts():
+    # rows: decode w/o drafts, 1-token LAST prompt chunk (prior state, still prefilling),
     # spec row with 2 drafts, 4-token prompt chunk, decode already marked 0
     qsl = torch.tensor([0, 1, 2, 5, 9, 10])
-    seq = torch.tensor([20, 1, 30, 4, 7])
+    prefilling = torch.tensor([False, True, False, True, False])
     drafts = torch.tensor([-1, -1, 2, -1, 0])
-    out = G.reclassify_zero_draft_rows(qsl, seq, drafts, keep_sum_gate_open=True)
+    out = G.spec_row_drafts(qsl, prefilling, drafts, 5, keep_sum_gate_open=True)
     assert out.tolist() == [0, -1, 2, -1, 0]
     assert drafts.tolist() == [-1, -1, 2, -1, 0], "input must not be modified"
+    # no draft counts passed (a step where nobody drafted): every row starts at -1
+    assert G.spec_row_drafts(qsl, prefilling, None, 5, keep_sum_gate_open=False).tolist() == [0, -1, -1, -1, 0]
     # every spec row at zero drafts: the old sum gate would drop them; one gets 1 (still >= 0)
-    out = G.reclassify_zero_draft_rows(qsl[:3], seq[:2], torch.tensor([-1, -1]), keep_sum_gate_open=True)
-    assert out.tolist() == [1, -1]
-    out = G.reclassify_zero_draft_rows(qsl[:3], seq[:2], torch.tensor([-1, -1]), keep_sum_gate_open=False)
-    assert out.tolist() == [0, -1]
+    assert G.spec_row_drafts(qsl[:3], prefilling[:2], None, 2, keep_sum_gate_open=True).tolist() == [1, -1]
+    # padded rows beyond num_reqs and unknown prefill state are left alone
+    assert G.spec_row_drafts(qsl, prefilling, None, 2, keep_sum_gate_open=False).tolist() == [0, -1, -1, -1, -1]
+    assert G.spec_row_drafts(qsl, None, drafts, 5, keep_sum_gate_open=False).tolist() == drafts.tolist()
+
+
+def test_probe_reads_other_versions_sources():
+    """The old-line patterns, checked on excerpts of the 0.23.0 sources (the real files are
+    checked by tests/test_gdn_cuda_wiring_old_vllm.py)."""
+    files = {
+        G.BUILDER_MODULE: ("b.py", OLD_BUILDER_EXCERPT + "\n spec_sequence_masks_cpu = num_decode_draft_tokens_cpu >= 0\n"),
+        G.RUNNER_MODULE: ("r.py", OLD_RUNNER_EXCERPT),
+        G.LAYER_LOCATIONS[0][0]: ("l.py", OLD_LAYER_EXCERPT),
+    }
+    p = G.probe(files.get)
+    assert all(p[k] for k in G._OLD_LINE_FEATURES), p
+    assert G.skip_reason(p) is None
+    files[G.LAYER_LOCATIONS[0][0]] = ("l.py", OLD_LAYER_EXCERPT + "\n a_spec = a.index_select(0, spec_token_indx)\n")
+    assert "not patching blind" in G.skip_reason(G.probe(files.get))
 
 
 def _builder(num_spec: int):
@@ -90,7 +130,7 @@ def _builder(num_spec: int):
     return b
 
 
-def _metadata(lens, seq_lens, num_spec):
+def _metadata(lens, seq_lens, num_spec, prefilling=None):
     n = len(lens)
     qsl = torch.tensor([0] + list(torch.tensor(lens).cumsum(0)), dtype=torch.int32)
     seq = torch.tensor(seq_lens, dtype=torch.int32)
@@ -99,7 +139,7 @@ def _metadata(lens, seq_lens, num_spec):
         query_start_loc=qsl, query_start_loc_cpu=qsl, seq_lens=seq, num_reqs=n, num_actual_tokens=int(qsl[-1]),
         max_query_len=max(lens), max_seq_len=max(seq_lens), block_table_tensor=bt,
         slot_mapping=torch.zeros(int(qsl[-1]), dtype=torch.long), seq_lens_cpu_upper_bound=seq,
-        is_prefilling=torch.zeros(n, dtype=torch.bool))
+        is_prefilling=torch.tensor(prefilling if prefilling is not None else [False] * n))
 
 
 def test_vllm_builder_runs_zero_draft_rows_as_spec_rows_into_our_ops():
@@ -129,14 +169,17 @@ def test_vllm_builder_runs_zero_draft_rows_as_spec_rows_into_our_ops():
 
 
 def test_wrapper_on_the_real_builder_reclassifies_unmarked_decode_rows():
-    """Forced onto 0.32's builder (the group itself skips there): a decode row that arrives
-    with -1 (as older runners send it) becomes a spec row with its accepted count."""
+    """The group's builder patch forced onto 0.32's builder (the group itself skips there): a
+    decode row that arrives with -1 (as older runners send it) becomes a spec row with its
+    accepted count; a prefilling row does not."""
     k = 2
     (group,) = G.groups()
-    patching.apply("test-" + group.name, group.build())
+    (bp,) = [p for p in group.build() if p.target == G.BUILD_TARGET]
+    patching.apply("test-" + group.name, [bp])
     try:
         b = _builder(k)
-        m = _metadata([1, 3, 5], [20, 30, 5], k)  # zero-draft decode, spec row, first prompt chunk
+        # zero-draft decode, spec row, first prompt chunk
+        m = _metadata([1, 3, 5], [20, 30, 5], k, prefilling=[False, False, True])
         acc = torch.tensor([2, 1, 1], dtype=torch.int32)
         md = gdn_attn.GDNAttentionMetadataBuilder.build(b, 0, m, acc, torch.tensor([-1, 2, -1], dtype=torch.int32))
         assert md.num_spec_decodes == 2 and md.num_prefills == 1

@@ -44,12 +44,34 @@ def _cases():
     return out
 
 
+def _cases_v2():
+    # head dim 64: the word-load kernel (head dim >= 64), with and without the register prefetch
+    out = []
+    for preset in L.PRESETS:
+        out.append((preset, 4, 3, "float32", {}))
+    out += [
+        ("turboquant_k8v4", 1, 2, "float16", {"BLOCK_N": 16, "PREFETCH": False}),
+        ("turboquant_3bit_nc", 2, 6, "float16", {"BLOCK_N": 32, "PREFETCH": False}),
+        ("turboquant_4bit_nc", 6, 6, "float32", {"BLOCK_M": 16, "BLOCK_N": 16}),  # 36 rows in 3 row chunks
+    ]
+    return out
+
+
 def _interp_check() -> dict:
     from vllm_platform_ext.ops.turboquant import triton_verify as TV
 
-    d, hk = 32, 2
+    hk = 2
     res = []
-    for preset, k1, g, qd, launch in _cases():
+    saved = {k: dict(v) for k, v in TV.V2_LAUNCH_DEFAULTS.items()}
+    for d, preset, k1, g, qd, launch in [(32, *c) for c in _cases()] + [(64, *c) for c in _cases_v2()]:
+        launch = dict(launch)
+        if "PREFETCH" in launch:  # not a wrapper argument: the v2 launch table
+            pf = launch.pop("PREFETCH")
+            for v in TV.V2_LAUNCH_DEFAULTS.values():
+                v["PREFETCH"] = pf
+        else:
+            for k, v in saved.items():
+                TV.V2_LAUNCH_DEFAULTS[k] = dict(v)
         view, c, H = _cache(preset, d, hk)
         sl = torch.tensor([k1 + 37, 0, 2, 128], dtype=torch.int32)  # long, padding, short (rows see nothing), full
         bt = torch.tensor([[1, 2, 3, 0, 4, 5, 6, 7], [0] * 8, [5, 0, 0, 0, 0, 0, 0, 0], [7, 6, 5, 4, 3, 2, 1, 0]],
@@ -64,7 +86,7 @@ def _interp_check() -> dict:
         wrong = R.turboquant_verify_attention_reference(q.float(), view, bt, (sl - 1).clamp_min(0), k1, **args)
         den = ref.abs().max().item()
         res.append({
-            "case": [preset, k1, g, qd, launch],
+            "case": [d, preset, k1, g, qd, launch],
             "rel_err": float((out.float() - ref).abs().max()) / den,
             "rel_wrong": float((out.float() - wrong).abs().max()) / den,
             "finite": bool(torch.isfinite(out).all()),
@@ -80,7 +102,7 @@ def test_triton_kernel_equals_reference_under_interpreter():
     proc = subprocess.run([sys.executable, HERE, "--interp"], capture_output=True, text=True, env=env, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     res = json.loads(proc.stdout.strip().splitlines()[-1])["results"]
-    assert len(res) == len(_cases())
+    assert len(res) == len(_cases()) + len(_cases_v2())
     for r in res:
         assert r["finite"] and r["dtype_ok"], r
         assert r["rel_err"] < 3e-3, r

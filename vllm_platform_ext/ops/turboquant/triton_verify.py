@@ -196,6 +196,257 @@ def _tq_verify_stage2(
 
 
 # --------------------------------------------------------------------------------------
+# v2: word loads, register field extraction, no int->float conversions on the tile
+# --------------------------------------------------------------------------------------
+@triton.jit
+def _h16(x):
+    """int32 holding a 16-bit pattern in its low half -> that pattern as fp16."""
+    return x.to(tl.int16).to(tl.float16, bitcast=True)
+
+
+@triton.jit
+def _fp8_as_f16(x):
+    """Byte (int32, 0..255) of an e4m3 key -> fp16 with the same sign/exponent/mantissa bits.
+
+    Exact: e4b15 bytes give the value itself, e4nv bytes the value / 256 (folded into the
+    score scale). No conversion instruction, only shifts and masks.
+    """
+    return _h16(((x & 0x80) << 8) | ((x & 0x7F) << 7))
+
+
+@triton.jit
+def _idx_f16(x, MASK: tl.constexpr):
+    """Index bits (int32) -> fp16 value 1024 + index, exact (0x6400 is 1024.0)."""
+    return _h16((x & MASK) | 0x6400)
+
+
+@triton.jit
+def _unpack_3bit(h0, h1, h2, D: tl.constexpr, BLOCK_N: tl.constexpr):
+    """3 halfwords (int32, sign-extended) per group of 16 -> ``[BLOCK_N, D]`` indices, natural order."""
+    x = (h0.to(tl.int64) & 0xFFFF) | ((h1.to(tl.int64) & 0xFFFF) << 16) | ((h2.to(tl.int64) & 0xFFFF) << 32)
+    sh = tl.arange(0, 16).to(tl.int64) * 3
+    return tl.reshape(((x[:, :, None] >> sh[None, None, :]) & 7).to(tl.int32), [BLOCK_N, D])
+
+
+@triton.jit
+def _v2_load(KV16, KV32, bt_row, head_off, stride_cb, stride_cp, start_n, end,
+             PAGE: tl.constexpr, BLOCK_N: tl.constexpr, D: tl.constexpr,
+             KEY_FP8: tl.constexpr, KEY_W32: tl.constexpr, KEY_BITS: tl.constexpr, NORM_W: tl.constexpr,
+             VAL_BITS: tl.constexpr, VAL_W: tl.constexpr, SZ_W: tl.constexpr):
+    """Raw words of one tile (masked past ``end``): key words ka/kb/kc, value words va/vb/vc
+    (unused ones are [1, 1] dummies), and the per-token norm / scale / zero halfwords."""
+    n = start_n + tl.arange(0, BLOCK_N)
+    n_ok = n < end
+    blk = tl.load(bt_row + n // PAGE, mask=n_ok, other=0).to(tl.int64)
+    base = blk * stride_cb + (n % PAGE).to(tl.int64) * stride_cp + head_off  # 16-bit words
+    okc = n_ok[:, None]
+    d4 = tl.arange(0, D // 4)
+    g3 = tl.arange(0, D // 16) * 3
+    dummy = tl.zeros([1, 1], tl.int32)
+    if KEY_FP8:
+        if KEY_W32:
+            ka = tl.load(KV32 + (base // 2)[:, None] + d4[None, :], mask=okc, other=0)
+            kb = dummy
+        else:
+            kp = KV16 + base[:, None] + 2 * d4[None, :]
+            ka = tl.load(kp, mask=okc, other=0).to(tl.int32)
+            kb = tl.load(kp + 1, mask=okc, other=0).to(tl.int32)
+        kc = dummy
+        kn = tl.zeros([BLOCK_N], tl.int32)
+    else:
+        if KEY_BITS == 3:
+            kp = KV16 + base[:, None] + g3[None, :]
+            ka = tl.load(kp, mask=okc, other=0).to(tl.int32)
+            kb = tl.load(kp + 1, mask=okc, other=0).to(tl.int32)
+            kc = tl.load(kp + 2, mask=okc, other=0).to(tl.int32)
+        else:
+            ka = tl.load(KV16 + base[:, None] + d4[None, :], mask=okc, other=0).to(tl.int32)
+            kb = dummy
+            kc = dummy
+        kn = tl.load(KV16 + base + NORM_W, mask=n_ok, other=0).to(tl.int32)
+    if VAL_BITS == 3:
+        vp = KV16 + base[:, None] + VAL_W + g3[None, :]
+        va = tl.load(vp, mask=okc, other=0).to(tl.int32)
+        vb = tl.load(vp + 1, mask=okc, other=0).to(tl.int32)
+        vc = tl.load(vp + 2, mask=okc, other=0).to(tl.int32)
+    else:
+        va = tl.load(KV16 + base[:, None] + VAL_W + d4[None, :], mask=okc, other=0).to(tl.int32)
+        vb = dummy
+        vc = dummy
+    vs = tl.load(KV16 + base + SZ_W, mask=n_ok, other=0).to(tl.int32)
+    vz = tl.load(KV16 + base + SZ_W + 1, mask=n_ok, other=0).to(tl.int32)
+    return ka, kb, kc, va, vb, vc, kn, vs, vz
+
+
+@triton.jit
+def _tq_verify_v2(
+    Q, KV16, KV32, BT, SEQ, CENT16, MID,
+    stride_qn, stride_qh,
+    stride_cb, stride_cp, stride_ch,  # in 16-bit words
+    stride_bt,
+    stride_mr, stride_mh, stride_ms,
+    qk_scale,  # softmax scale * log2(e) (* 256 for e4nv fp8 keys)
+    K1, NUM_SPLITS,
+    G: tl.constexpr, BLOCK_M: tl.constexpr, M_CHUNKS: tl.constexpr,
+    D: tl.constexpr, PAGE: tl.constexpr, BLOCK_N: tl.constexpr,
+    KEY_FP8: tl.constexpr, KEY_W32: tl.constexpr, KEY_BITS: tl.constexpr, NORM_W: tl.constexpr,
+    NORM_CORRECTION: tl.constexpr, VAL_BITS: tl.constexpr, VAL_W: tl.constexpr, SZ_W: tl.constexpr,
+    PREFETCH: tl.constexpr,
+):
+    """Field layout in 16-bit words of a slot: keys at 0 (fp8 bytes, or packed indices and the
+    fp16 norm at NORM_W), value indices at VAL_W, fp16 scale/zero at SZ_W/SZ_W+1.
+
+    4-bit fields and fp8 keys are split by their position e in a word: sub-tile e holds head
+    dim elements 4j+e, and each is scored / accumulated by its own dot against the matching
+    query / output columns (no register shuffles). 3-bit fields unpack to natural order.
+    """
+    b = tl.program_id(0)
+    kvh = tl.program_id(1) // M_CHUNKS
+    mc = tl.program_id(1) % M_CHUNKS
+    sid = tl.program_id(2)
+
+    seq_len = tl.load(SEQ + b)
+    split_len = tl.cdiv(tl.cdiv(seq_len, NUM_SPLITS), BLOCK_N) * BLOCK_N
+    start = sid * split_len
+    end = tl.minimum(start + split_len, seq_len)
+
+    m_offs = mc * BLOCK_M + tl.arange(0, BLOCK_M)
+    row_ok = m_offs < K1 * G
+    t = m_offs // G
+    g = m_offs % G
+    q_row = (b * K1 + t).to(tl.int64) * stride_qn + (kvh * G + g).to(tl.int64) * stride_qh
+    lim = seq_len - K1 + 1 + t
+    d4 = tl.arange(0, D // 4)
+    dn = tl.arange(0, D)
+    if KEY_BITS == 3:
+        q0 = tl.load(Q + q_row[:, None] + dn[None, :], mask=row_ok[:, None], other=0.0).to(tl.float16)
+        q1 = q0
+        q2 = q0
+        q3 = q0
+    else:
+        qp = Q + q_row[:, None] + 4 * d4[None, :]
+        q0 = tl.load(qp, mask=row_ok[:, None], other=0.0).to(tl.float16)
+        q1 = tl.load(qp + 1, mask=row_ok[:, None], other=0.0).to(tl.float16)
+        q2 = tl.load(qp + 2, mask=row_ok[:, None], other=0.0).to(tl.float16)
+        q3 = tl.load(qp + 3, mask=row_ok[:, None], other=0.0).to(tl.float16)
+
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    if VAL_BITS == 3:
+        acc0 = tl.zeros([BLOCK_M, D], tl.float32)
+    else:
+        acc0 = tl.zeros([BLOCK_M, D // 4], tl.float32)
+    acc1 = tl.zeros([BLOCK_M, D // 4], tl.float32)
+    acc2 = tl.zeros([BLOCK_M, D // 4], tl.float32)
+    acc3 = tl.zeros([BLOCK_M, D // 4], tl.float32)
+    bt_row = BT + b.to(tl.int64) * stride_bt
+    head_off = kvh.to(tl.int64) * stride_ch
+    eye = tl.arange(0, BLOCK_N)[:, None] == tl.arange(0, BLOCK_N)[None, :]
+
+    if PREFETCH:  # registers hold the next tile's words while this one is computed
+        ka, kb, kc, va, vb, vc, kn, vs, vz = _v2_load(KV16, KV32, bt_row, head_off, stride_cb, stride_cp, start, end,
+                                                      PAGE, BLOCK_N, D, KEY_FP8, KEY_W32, KEY_BITS, NORM_W,
+                                                      VAL_BITS, VAL_W, SZ_W)
+    for start_n in range(start, end, BLOCK_N):
+        n = start_n + tl.arange(0, BLOCK_N)
+        n_ok = n < end
+        if PREFETCH:
+            cka, ckb, ckc, cva, cvb, cvc, ckn, cvs, cvz = ka, kb, kc, va, vb, vc, kn, vs, vz
+            ka, kb, kc, va, vb, vc, kn, vs, vz = _v2_load(KV16, KV32, bt_row, head_off, stride_cb, stride_cp,
+                                                          start_n + BLOCK_N, end, PAGE, BLOCK_N, D, KEY_FP8,
+                                                          KEY_W32, KEY_BITS, NORM_W, VAL_BITS, VAL_W, SZ_W)
+        else:
+            cka, ckb, ckc, cva, cvb, cvc, ckn, cvs, cvz = _v2_load(KV16, KV32, bt_row, head_off, stride_cb,
+                                                                   stride_cp, start_n, end, PAGE, BLOCK_N, D,
+                                                                   KEY_FP8, KEY_W32, KEY_BITS, NORM_W, VAL_BITS,
+                                                                   VAL_W, SZ_W)
+
+        # ---- scores ----
+        if KEY_FP8:
+            if KEY_W32:
+                k0 = _fp8_as_f16(cka & 0xFF)
+                k1 = _fp8_as_f16((cka >> 8) & 0xFF)
+                k2 = _fp8_as_f16((cka >> 16) & 0xFF)
+                k3 = _fp8_as_f16((cka >> 24) & 0xFF)
+            else:
+                k0 = _fp8_as_f16(cka & 0xFF)
+                k1 = _fp8_as_f16((cka >> 8) & 0xFF)
+                k2 = _fp8_as_f16(ckb & 0xFF)
+                k3 = _fp8_as_f16((ckb >> 8) & 0xFF)
+            s = tl.dot(q0, tl.trans(k0))
+            s = tl.dot(q1, tl.trans(k1), s)
+            s = tl.dot(q2, tl.trans(k2), s)
+            s = tl.dot(q3, tl.trans(k3), s)
+        else:
+            k_mul = _h16(ckn).to(tl.float32)
+            if KEY_BITS == 3:
+                c = tl.load(CENT16 + _unpack_3bit(cka, ckb, ckc, D, BLOCK_N))
+                s = tl.dot(q0, tl.trans(c))
+                if NORM_CORRECTION:
+                    gram = tl.dot(c, tl.trans(c))
+            else:
+                c0 = tl.load(CENT16 + (cka & 15))
+                c1 = tl.load(CENT16 + ((cka >> 4) & 15))
+                c2 = tl.load(CENT16 + ((cka >> 8) & 15))
+                c3 = tl.load(CENT16 + ((cka >> 12) & 15))
+                s = tl.dot(q0, tl.trans(c0))
+                s = tl.dot(q1, tl.trans(c1), s)
+                s = tl.dot(q2, tl.trans(c2), s)
+                s = tl.dot(q3, tl.trans(c3), s)
+                if NORM_CORRECTION:
+                    gram = tl.dot(c0, tl.trans(c0))
+                    gram = tl.dot(c1, tl.trans(c1), gram)
+                    gram = tl.dot(c2, tl.trans(c2), gram)
+                    gram = tl.dot(c3, tl.trans(c3), gram)
+            if NORM_CORRECTION:  # ||centroid vector||^2 of each token: the Gram diagonal
+                nrm2 = tl.sum(tl.where(eye, gram, 0.0), axis=1)
+                k_mul = k_mul / tl.sqrt(nrm2 + 1e-16)
+            s = s * k_mul[None, :]
+        s = s * qk_scale
+        visible = n_ok[None, :] & (n[None, :] < lim[:, None])
+        s = tl.where(visible, s, float("-inf"))
+
+        # ---- online softmax (base 2) ----
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp2(m_i - m_use)
+        p = tl.exp2(s - m_use[:, None])
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+
+        # ---- values: dot(w, 1024 + idx) - 1024 * sum(w), w = p * scale / max scale (fp16) ----
+        v_scale = _h16(cvs).to(tl.float32)
+        v_zero = _h16(cvz).to(tl.float32)
+        s_max = tl.maximum(tl.max(v_scale, axis=0), 1e-30)
+        w = (p * (v_scale / s_max)[None, :]).to(tl.float16)
+        corr = tl.sum(p * v_zero[None, :], axis=1) - (1024.0 * s_max) * tl.sum(w.to(tl.float32), axis=1)
+        if VAL_BITS == 3:
+            vt = _idx_f16(_unpack_3bit(cva, cvb, cvc, D, BLOCK_N), 7)
+            acc0 = acc0 * alpha[:, None] + tl.dot(w, vt) * s_max + corr[:, None]
+        else:
+            vh = cva
+            acc0 = acc0 * alpha[:, None] + tl.dot(w, _idx_f16(vh, 15)) * s_max + corr[:, None]
+            acc1 = acc1 * alpha[:, None] + tl.dot(w, _idx_f16(vh >> 4, 15)) * s_max + corr[:, None]
+            acc2 = acc2 * alpha[:, None] + tl.dot(w, _idx_f16(vh >> 8, 15)) * s_max + corr[:, None]
+            acc3 = acc3 * alpha[:, None] + tl.dot(w, _idx_f16(vh >> 12, 15)) * s_max + corr[:, None]
+        m_i = m_new
+
+    has = l_i > 0.0
+    inv = 1.0 / tl.where(has, l_i, 1.0)
+    lse2 = tl.where(has, m_i + tl.log2(tl.where(has, l_i, 1.0)), float("-inf"))
+    mid = MID + (b * K1 + t).to(tl.int64) * stride_mr + (kvh * G + g).to(tl.int64) * stride_mh + sid * stride_ms
+    okr = row_ok[:, None]
+    if VAL_BITS == 3:
+        tl.store(mid[:, None] + dn[None, :], acc0 * inv[:, None], mask=okr)
+    else:
+        mp = mid[:, None] + 4 * d4[None, :]
+        tl.store(mp, acc0 * inv[:, None], mask=okr)
+        tl.store(mp + 1, acc1 * inv[:, None], mask=okr)
+        tl.store(mp + 2, acc2 * inv[:, None], mask=okr)
+        tl.store(mp + 3, acc3 * inv[:, None], mask=okr)
+    tl.store(mid + D, lse2, mask=row_ok)
+
+
+# --------------------------------------------------------------------------------------
 # host side
 # --------------------------------------------------------------------------------------
 @dataclass
@@ -251,6 +502,26 @@ def default_num_kv_splits(num_reqs: int, num_kv_heads: int, m_chunks: int, devic
 LAUNCH_DEFAULTS = {
     "fp8": {"BLOCK_N": 32, "num_warps": 4, "num_stages": 3, "GATHER": False},
     "mse": {"BLOCK_N": 16, "num_warps": 4, "num_stages": 2, "GATHER": False},
+}
+
+
+def v2_num_kv_splits(num_reqs: int, num_kv_heads: int, m_chunks: int, device: torch.device, max_splits: int) -> int:
+    """Split count for the word-load kernel: ~V2_SPLIT_WAVES programs per SM (more programs in
+    flight hide the dependent block-table -> cache load latency); depends only on shapes."""
+    progs = max(1, num_reqs * num_kv_heads * m_chunks)
+    want = triton.cdiv(V2_SPLIT_WAVES * _num_sms(device), progs)
+    return int(max(1, min(max_splits, want)))
+
+
+# v2 kernel (word loads): per key type
+USE_V2 = True
+V2_SPLIT_WAVES = 8
+V2_LAUNCH_DEFAULTS = {
+    # measured best in the H200 sweep (B=64, K=3, 32K, 24/4); PREFETCH=True (register double
+    # buffer of the next tile) is correct on GPU but not yet timed: bench_turboquant.py --tune sweeps it
+    "fp8": {"BLOCK_N": 64, "num_warps": 4, "num_stages": 2, "PREFETCH": False},
+    "mse4": {"BLOCK_N": 64, "num_warps": 4, "num_stages": 1, "PREFETCH": False},
+    "mse3": {"BLOCK_N": 64, "num_warps": 4, "num_stages": 1, "PREFETCH": False},
 }
 
 
@@ -345,7 +616,11 @@ def turboquant_verify_attention(
     block_n = BLOCK_N or cfg["BLOCK_N"]
     m_chunks = triton.cdiv(rows, block_m)
     max_splits = workspace.max_kv_splits if workspace is not None else DEFAULT_MAX_KV_SPLITS
-    splits = num_kv_splits or default_num_kv_splits(b, hk, m_chunks, dev, max_splits)
+    kv16, kv32 = _word_views(kv_cache) if (USE_V2 and d >= 64) else (None, None)
+    if kv16 is not None:
+        splits = num_kv_splits or v2_num_kv_splits(b, hk, m_chunks, dev, max_splits)
+    else:
+        splits = num_kv_splits or default_num_kv_splits(b, hk, m_chunks, dev, max_splits)
 
     if workspace is None:
         if dev.type == "cuda" and torch.cuda.is_current_stream_capturing():
@@ -367,6 +642,70 @@ def turboquant_verify_attention(
     if n == 0:
         return out
 
+    if kv16 is not None:
+        v2 = {**cfg, **V2_LAUNCH_DEFAULTS["fp8" if lay.key_fp8 else f"mse{lay.key_bits}"]}
+        if BLOCK_N:
+            v2["BLOCK_N"] = BLOCK_N
+        cent16 = cent.to(torch.float16) if not lay.key_fp8 else kv16
+        key_scale = 1.0 if (not lay.key_fp8 or fp8_e4b15) else 256.0
+        _tq_verify_v2[(b, hk * m_chunks, splits)](
+            q_in, kv16, kv32 if (lay.key_fp8 and kv32 is not None) else kv16, block_table, seq_lens, cent16, mid,
+            q_in.stride(0), q_in.stride(1),
+            kv16.stride(0), kv16.stride(1), kv16.stride(2),
+            block_table.stride(0),
+            mid.stride(0), mid.stride(1), mid.stride(2),
+            float(scale) * _LOG2E * key_scale,
+            k1, splits,
+            G=hq // hk, BLOCK_M=block_m, M_CHUNKS=m_chunks,
+            D=d, PAGE=kv_cache.shape[1], BLOCK_N=v2["BLOCK_N"],
+            KEY_FP8=lay.key_fp8, KEY_W32=bool(lay.key_fp8 and kv32 is not None), KEY_BITS=lay.key_bits,
+            NORM_W=lay.mse_bytes // 2, NORM_CORRECTION=lay.norm_correction, VAL_BITS=lay.value_bits,
+            VAL_W=lay.key_packed_size // 2, SZ_W=lay.scale_offset // 2, PREFETCH=bool(v2["PREFETCH"]),
+            num_warps=num_warps or v2["num_warps"], num_stages=num_stages or v2["num_stages"],
+        )
+    else:
+        _launch_v1(q_in, kv_cache, block_table, seq_lens, cent, mid, scale, k1, splits, hq, hk, block_m, m_chunks,
+                   d, block_n, lay, fp8_e4b15, cfg, GATHER, num_warps, num_stages)
+    _tq_verify_stage2[(n, hq)](
+        mid, out,
+        mid.stride(0), mid.stride(1), mid.stride(2),
+        out.stride(0), out.stride(1),
+        splits,
+        D=d,
+        num_warps=4 if d >= 256 else 2,
+    )
+    return out
+
+
+def _word_views(kv_cache: torch.Tensor):
+    """(int16 view, int32 view or None) of the byte cache, or (None, None) when the slots are
+    not 2-byte aligned (then the byte-load kernel runs)."""
+    if kv_cache.device.type != "cuda" and not _interpreting():
+        return None, None
+    try:
+        kv16 = kv_cache.view(torch.int16)
+    except RuntimeError:
+        return None, None
+    if kv16.data_ptr() % 2:
+        return None, None
+    try:
+        kv32 = kv_cache.view(torch.int32)
+        if kv32.data_ptr() % 4:
+            kv32 = None
+    except RuntimeError:
+        kv32 = None
+    return kv16, kv32
+
+
+def _interpreting() -> bool:
+    import os
+
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def _launch_v1(q_in, kv_cache, block_table, seq_lens, cent, mid, scale, k1, splits, hq, hk, block_m, m_chunks,
+               d, block_n, lay, fp8_e4b15, cfg, GATHER, num_warps, num_stages):
+    b = seq_lens.shape[0]
     _tq_verify_stage1[(b, hk * m_chunks, splits)](
         q_in, kv_cache, block_table, seq_lens, cent, mid,
         q_in.stride(0), q_in.stride(1),
@@ -383,12 +722,3 @@ def turboquant_verify_attention(
         GATHER=cfg["GATHER"] if GATHER is None else bool(GATHER),
         num_warps=num_warps or cfg["num_warps"], num_stages=num_stages or cfg["num_stages"],
     )
-    _tq_verify_stage2[(n, hq)](
-        mid, out,
-        mid.stride(0), mid.stride(1), mid.stride(2),
-        out.stride(0), out.stride(1),
-        splits,
-        D=d,
-        num_warps=4 if d >= 256 else 2,
-    )
-    return out
