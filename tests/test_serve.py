@@ -45,9 +45,9 @@ def _counter(metrics_text: str, name: str) -> float:
 
 def _serve_and_complete(model: str, log_path, spec: dict | None) -> dict:
     port = _free_port()
-    # The OpenAI server module takes `vllm serve`'s arguments; the `vllm` CLI itself is
-    # checked by test_vllm_cli_runs (it needs the "vllm" distribution metadata).
-    cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model,
+    # `vllm serve` itself (the CLI entry module run with this interpreter, so the test does not
+    # depend on PATH); it needs the "vllm" distribution metadata that the install provides.
+    cmd = [sys.executable, "-m", "vllm.entrypoints.cli.main", "serve", model,
            "--host", "127.0.0.1", "--port", str(port), "--dtype", "bfloat16", "--enforce-eager",
            "--max-model-len", "256", "--max-num-seqs", "4", "--no-enable-prefix-caching",
            "--served-model-name", "tiny"]
