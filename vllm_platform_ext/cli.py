@@ -160,13 +160,17 @@ def main(argv: list[str] | None = None) -> int:
     d = sub.add_parser("doctor", help="platform, versions, what was applied/skipped/failed, op table")
     d.add_argument("--json", action="store_true")
     d.set_defaults(fn=cmd_doctor)
-    v = sub.add_parser("verify", help="end-to-end correctness self-check on tiny models (see --help)")
-    v.add_argument("rest", nargs=argparse.REMAINDER)
-    v.set_defaults(fn=cmd_verify)
-    b = sub.add_parser("bench", help="tokens/s with and without speculative decoding on a tiny model")
-    b.add_argument("rest", nargs=argparse.REMAINDER)
-    b.set_defaults(fn=cmd_bench)
-    args = p.parse_args(argv)
+    # verify and bench own their options (their --help lists them): everything after the
+    # sub-command name is passed through unparsed.
+    sub.add_parser("verify", help="end-to-end correctness self-check on tiny models", add_help=False
+                   ).set_defaults(fn=cmd_verify)
+    sub.add_parser("bench", help="tokens/s with and without speculative decoding on a tiny model",
+                   add_help=False).set_defaults(fn=cmd_bench)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] in ("verify", "bench"):
+        args = argparse.Namespace(rest=argv[1:], fn={"verify": cmd_verify, "bench": cmd_bench}[argv[0]])
+    else:
+        args = p.parse_args(argv)
     return args.fn(args)
 
 

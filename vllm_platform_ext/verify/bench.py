@@ -23,7 +23,7 @@ from pathlib import Path
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="vllm-platform-ext bench", description=__doc__.splitlines()[0])
     ap.add_argument("--kind", default="qwen3_next")
     ap.add_argument("--model-dir", help="use this checkpoint instead of a fresh kit model")
     ap.add_argument("--modes", default="base,ngram:2,ngram:4,mtp:1,mtp:2")
