@@ -111,6 +111,7 @@ def causal_conv1d_update(x, conv_states, weight, bias, activation, conv_state_in
         _check(num_accepted_tokens.numel() >= n, f"num_accepted_tokens has {num_accepted_tokens.numel()} entries, need {n}")
         offsets = [a - 1 for a in num_accepted_tokens[:n].tolist()]
     out = torch.zeros_like(x)
+    live = []  # (start, length, slot, offset)
     for i, ((s, e), slot, off) in enumerate(zip(rows, conv_state_indices.tolist(), offsets)):
         q = e - s
         if slot == null_block_id or q == 0:
@@ -120,10 +121,29 @@ def causal_conv1d_update(x, conv_states, weight, bias, activation, conv_state_in
                f"row {i}: num_accepted_tokens={off + 1} out of range [1, {state_len - width + 2}] for conv state_len {state_len}")
         _check(width - 2 + q <= state_len,
                f"row {i}: {q} tokens do not fit a conv state of length {state_len} (width {width})")
-        state = conv_states[slot]
-        window = state[:, off: off + width - 1].clone()
-        out[s:e] = _conv_row(window, x[s:e], weight, bias, activation).to(x.dtype)
-        state[:, : width - 2 + q] = torch.cat([window[:, 1:], x[s:e].t().to(state.dtype)], dim=1)
+        live.append((s, q, slot, off))
+    if not live:
+        return out
+    # All rows at once: gather each row's window at its offset, pad the rows to the longest.
+    starts, lengths, slots, offs = (torch.tensor(c) for c in zip(*live))
+    q_max = int(lengths.max())
+    states = conv_states[slots]  # (n, dim, state_len), a copy
+    cols = offs[:, None] + torch.arange(width - 1)
+    window = states.gather(2, cols[:, None, :].expand(-1, states.shape[1], -1))  # (n, dim, width-1)
+    pos = torch.arange(q_max)
+    valid = pos[None, :] < lengths[:, None]  # (n, q_max)
+    tok = (starts[:, None] + pos).clamp(max=x.shape[0] - 1)
+    xs = x[tok].masked_fill(~valid[:, :, None], 0).transpose(1, 2)  # (n, dim, q_max)
+    seq = torch.cat([window.float(), xs.float()], dim=2)
+    y = F.conv1d(seq, weight.float().unsqueeze(1), None if bias is None else bias.float(), groups=seq.shape[1])
+    y = _act(y, activation).transpose(1, 2)  # (n, q_max, dim)
+    out[tok[valid]] = y[valid].to(x.dtype)
+    new = torch.cat([window[:, :, 1:], xs.to(states.dtype)], dim=2)  # (n, dim, width-2+q_max)
+    if bool((lengths == q_max).all()):
+        conv_states[slots, :, : width - 2 + q_max] = new
+    else:
+        for j, (_, q, slot, _) in enumerate(live):
+            conv_states[slot, :, : width - 2 + q] = new[j, :, : width - 2 + q]
     return out
 
 
@@ -170,7 +190,11 @@ def recurrent_gated_delta_rule(q, k, v, g, beta, scale, ssm_states, query_start_
     qf = qf * scale
     vf, decay, bf = v.float(), torch.exp(g.float()), beta.float()
     out = torch.zeros(T, HV, V, dtype=v.dtype, device=v.device)
+
+    # Resolve each row's source slot and per-token destination slots, then run all rows
+    # together, one token position at a time (rows shorter than the longest are masked).
     idx = state_indices.tolist()
+    live = []  # (row, start, length, src, dst slots or None, has_init)
     for i, (s, e) in enumerate(rows):
         if e == s:
             continue
@@ -179,23 +203,44 @@ def recurrent_gated_delta_rule(q, k, v, g, beta, scale, ssm_states, query_start_
             _check(1 <= accepted[i] <= len(cols),
                    f"row {i}: num_accepted_tokens={accepted[i]} out of range [1, {len(cols)}]")
             _check(e - s <= len(cols), f"row {i}: {e - s} tokens but only {len(cols)} state slots")
-            src = cols[accepted[i] - 1]
-            dst = cols[: e - s]
+            src, dst = cols[accepted[i] - 1], cols[: e - s]
         else:
-            src = idx[i]
-            dst = [src] * (e - s)
+            src, dst = idx[i], None
         if src == null_block_id:
             continue
         _check(0 <= src < ssm_states.shape[0], f"row {i}: state slot {src} outside [0, {ssm_states.shape[0]})")
-        h = ssm_states[src].clone() if init[i] else ssm_states.new_zeros(HV, V, K)
-        for t in range(s, e):
-            h = h * decay[t][:, None, None]
-            u = bf[t][:, None] * (vf[t] - torch.einsum("hvk,hk->hv", h, kf[t]))
-            h = h + u[:, :, None] * kf[t][:, None, :]
-            out[t] = torch.einsum("hvk,hk->hv", h, qf[t]).to(v.dtype)
-            if spec:
-                if dst[t - s] != null_block_id:
-                    ssm_states[dst[t - s]] = h
-        if not spec:
-            ssm_states[src] = h
+        live.append((i, s, e - s, src, dst, init[i]))
+    if not live:
+        return out
+    n_live, q_max = len(live), max(r[2] for r in live)
+    starts = torch.tensor([r[1] for r in live])
+    lengths = torch.tensor([r[2] for r in live])
+    src_slots = torch.tensor([r[3] for r in live])
+    h = ssm_states[src_slots].clone()
+    fresh = torch.tensor([not r[5] for r in live])
+    if bool(fresh.any()):
+        h[fresh] = 0
+    if spec:
+        dst_slots = torch.tensor([r[4] + [null_block_id] * (q_max - len(r[4])) for r in live])
+    uniform = bool((lengths == q_max).all())
+    # Per token, with d = exp(g), h' = d*h:  u = beta*(v - d*(h k)),  o = d*(h q) + u*(k.q),
+    # h_new = d*h + u k^T  -- two reads of h (one matmul against [k, q]) and one update in place.
+    for t in range(q_max):
+        rows_t = None if uniform else (lengths > t).nonzero().flatten()
+        tok = starts + t if uniform else starts[rows_t] + t
+        ht = h if uniform else h[rows_t]
+        d, kt, qt = decay[tok], kf[tok], qf[tok]
+        hkq = torch.matmul(ht, torch.stack([kt, qt], dim=-1))  # (n, HV, V, 2)
+        u = bf[tok][..., None] * (vf[tok] - d[..., None] * hkq[..., 0])
+        out[tok] = (d[..., None] * hkq[..., 1] + u * (kt * qt).sum(-1, keepdim=True)).to(v.dtype)
+        ht.mul_(d[..., None, None])
+        ht.view(-1, V, K).baddbmm_(u.reshape(-1, V, 1), kt.reshape(-1, 1, K))
+        if not uniform:
+            h[rows_t] = ht
+        if spec:
+            dst = dst_slots[:, t] if uniform else dst_slots[rows_t, t]
+            keep = dst != null_block_id
+            ssm_states[dst[keep]] = ht[keep]
+    if not spec:
+        ssm_states[src_slots] = h
     return out
