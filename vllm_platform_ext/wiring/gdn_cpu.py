@@ -42,12 +42,17 @@ def _conv_view(layer):
     return conv if is_conv_state_dim_first() else conv.transpose(-1, -2)  # (slots, dim, state_len)
 
 
-def _core(layer, mixed_qkv, b, a, conv_out_fn, recurrent_fn):
-    """conv -> split q/k/v -> gating -> recurrence, for one group of rows."""
-    x = conv_out_fn(mixed_qkv)
-    q, k, v = (t.squeeze(0) for t in layer.rearrange_mixed_qkv(x))
-    g, beta = get_op("gdn.gating", "cpu")(layer.A_log, a, b, layer.dt_bias)
-    return recurrent_fn(q, k, v, g, beta, q.shape[-1] ** -0.5)
+def _run_rows(layer, mixed_qkv, b, a, core_attn_out, tok, ntok, conv_fn, recurrent_fn):
+    """conv -> split q/k/v -> gating -> recurrence for one group of rows, whose tokens sit at
+    positions ``tok`` of the batch (or are its first ``ntok`` tokens when ``tok`` is None)."""
+    sel = (lambda t: t.index_select(0, tok)) if tok is not None else (lambda t: t[:ntok])
+    q, k, v = (t.squeeze(0) for t in layer.rearrange_mixed_qkv(conv_fn(sel(mixed_qkv))))
+    g, beta = get_op("gdn.gating", "cpu")(layer.A_log, sel(a), sel(b), layer.dt_bias)
+    out = recurrent_fn(q, k, v, g, beta, q.shape[-1] ** -0.5)
+    if tok is not None:
+        core_attn_out.index_copy_(0, tok.long(), out)
+    else:
+        core_attn_out[:ntok] = out
 
 
 def spec_aware_core(layer, md, mixed_qkv, b, a, core_attn_out, width, state_len):
@@ -66,18 +71,11 @@ def spec_aware_core(layer, md, mixed_qkv, b, a, core_attn_out, width, state_len)
         qsl = md.spec_query_start_loc[: n + 1]
         idx = md.spec_state_indices_tensor[:n]
         acc = md.num_accepted_tokens[:n]
-        tok = md.spec_token_indx if has_non_spec else None
-        ntok = int(qsl[-1])
-        sel = (lambda t: t.index_select(0, tok)) if tok is not None else (lambda t: t[:ntok])
-        out = _core(
-            layer, sel(mixed_qkv), sel(b), sel(a),
+        _run_rows(
+            layer, mixed_qkv, b, a, core_attn_out, md.spec_token_indx if has_non_spec else None, int(qsl[-1]),
             lambda x: conv_update(x, conv_states, weight, bias, act, idx[:, 0], qsl, acc),
             lambda q, k, v, g, beta, scale: recurrent(q, k, v, g, beta, scale, ssm_states, qsl, idx, acc),
         )
-        if tok is not None:
-            core_attn_out.index_copy_(0, tok.long(), out)
-        else:
-            core_attn_out[:ntok] = out
 
     if has_non_spec:
         idx = md.non_spec_state_indices_tensor
@@ -86,19 +84,12 @@ def spec_aware_core(layer, md, mixed_qkv, b, a, core_attn_out, width, state_len)
         init = md.has_initial_state
         if init is None:  # decodes only: every row continues its state
             init = torch.ones(n, dtype=torch.bool)
-        tok = md.non_spec_token_indx if has_spec else None
-        ntok = int(qsl[-1])
-        sel = (lambda t: t.index_select(0, tok)) if tok is not None else (lambda t: t[:ntok])
-        out = _core(
-            layer, sel(mixed_qkv), sel(b), sel(a),
+        _run_rows(
+            layer, mixed_qkv, b, a, core_attn_out, md.non_spec_token_indx if has_spec else None, int(qsl[-1]),
             lambda x: conv_prefill(x, weight, bias, conv_states, qsl, idx, init, act),
             lambda q, k, v, g, beta, scale: recurrent(q, k, v, g, beta, scale, ssm_states, qsl, idx,
                                                       None, init),
         )
-        if tok is not None:
-            core_attn_out.index_copy_(0, tok.long(), out)
-        else:
-            core_attn_out[:ntok] = out
 
 
 def _skip_if() -> str | None:

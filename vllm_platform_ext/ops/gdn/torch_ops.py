@@ -194,7 +194,7 @@ def recurrent_gated_delta_rule(q, k, v, g, beta, scale, ssm_states, query_start_
     # Resolve each row's source slot and per-token destination slots, then run all rows
     # together, one token position at a time (rows shorter than the longest are masked).
     idx = state_indices.tolist()
-    live = []  # (row, start, length, src, dst slots or None, has_init)
+    live = []  # (start, length, src slot, dst slots or None, has_init)
     for i, (s, e) in enumerate(rows):
         if e == s:
             continue
@@ -209,19 +209,17 @@ def recurrent_gated_delta_rule(q, k, v, g, beta, scale, ssm_states, query_start_
         if src == null_block_id:
             continue
         _check(0 <= src < ssm_states.shape[0], f"row {i}: state slot {src} outside [0, {ssm_states.shape[0]})")
-        live.append((i, s, e - s, src, dst, init[i]))
+        live.append((s, e - s, src, dst, init[i]))
     if not live:
         return out
-    n_live, q_max = len(live), max(r[2] for r in live)
-    starts = torch.tensor([r[1] for r in live])
-    lengths = torch.tensor([r[2] for r in live])
-    src_slots = torch.tensor([r[3] for r in live])
+    starts, lengths, src_slots = (torch.tensor(c) for c in list(zip(*live))[:3])
+    q_max = int(lengths.max())
     h = ssm_states[src_slots].clone()
-    fresh = torch.tensor([not r[5] for r in live])
+    fresh = torch.tensor([not r[4] for r in live])
     if bool(fresh.any()):
         h[fresh] = 0
     if spec:
-        dst_slots = torch.tensor([r[4] + [null_block_id] * (q_max - len(r[4])) for r in live])
+        dst_slots = torch.tensor([r[3] + [null_block_id] * (q_max - len(r[3])) for r in live])
     uniform = bool((lengths == q_max).all())
     # Per token, with d = exp(g), h' = d*h:  u = beta*(v - d*(h k)),  o = d*(h q) + u*(k.q),
     # h_new = d*h + u k^T  -- two reads of h (one matmul against [k, q]) and one update in place.
