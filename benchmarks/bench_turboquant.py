@@ -10,6 +10,10 @@ vLLM's Triton files come from ``VLLM_TQ_SRC`` (copies from the wheel) or an inst
 ``%bound`` = time to read the compressed cache once at the measured copy bandwidth / time.
 
     python benchmarks/bench_turboquant.py [--quick] [--out results.md]
+
+The cache uses vLLM 0.32's page layout (LBNHC: ``[block, position, kv head, slot]``). Launch
+configs are the shipped per-preset table (``triton_verify.V2_LAUNCH_DEFAULTS``); sweeps that
+chose it: ``benchmarks/profile_turboquant.py sweep``.
 """
 from __future__ import annotations
 
@@ -41,12 +45,21 @@ def copy_bandwidth() -> float:
     return 2 * (2 << 30) / (t * 1e-3)
 
 
-def build_cache(preset: str, hk: int, ctx: int, bmax: int, gen: torch.Generator):
+def build_cache(preset: str, hk: int, ctx: int, bmax: int, gen: torch.Generator, layout: str = "vllm"):
+    """Random valid cache bytes. ``layout="vllm"``: vLLM 0.32's LBNHC page, ``[block, position,
+    kv head, slot]`` contiguous (the view its TurboQuant backend hands the kernels); ``"head"``:
+    head-major pages ``[block, kv head, position, slot]`` seen through the same logical view."""
     lay = L.layout_for(preset, D)
     nblk = ctx // PAGE
     total = bmax * nblk + 1
-    cache = torch.randint(0, 256, (total, hk, PAGE, lay.slot_size_aligned), dtype=torch.uint8, device="cuda")
-    view = cache.transpose(1, 2)
+    if layout == "vllm":
+        cache = torch.randint(0, 256, (total, PAGE, hk, lay.slot_size_aligned), dtype=torch.uint8, device="cuda")
+        view = cache
+    elif layout == "head":
+        cache = torch.randint(0, 256, (total, hk, PAGE, lay.slot_size_aligned), dtype=torch.uint8, device="cuda")
+        view = cache.transpose(1, 2)
+    else:
+        raise ValueError(f"layout {layout!r}: vllm or head")
     if lay.key_fp8:
         view[..., : lay.head_dim] &= 0xBF  # finite fp8 keys (|k| < 2)
     else:
@@ -127,7 +140,6 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="a few cases only")
     ap.add_argument("--out", default=None)
-    ap.add_argument("--tune", action="store_true", help="sweep launch configs first, bench with the best")
     ap.add_argument("--presets", default=None, help="comma list; default k8v4+3bit_nc full, 4bit_nc+k3v4_nc partial")
     args = ap.parse_args()
     up = upstream_kernels.load(os.environ.get("VLLM_TQ_SRC"))
@@ -135,36 +147,6 @@ def main() -> None:
     print(f"device {torch.cuda.get_device_name()} copy bandwidth {bw / 1e12:.2f} TB/s", flush=True)
     gen = torch.Generator().manual_seed(0)
     arange_cache = torch.arange(0, 32768 + 2, device="cuda", dtype=torch.int32)
-    best: dict[str, dict] = {}
-    if args.tune:  # the word-load (v2) kernel's table: BLOCK_N x register prefetch, per key type
-        for preset, key in (("turboquant_k8v4", "fp8"), ("turboquant_4bit_nc", "mse4"), ("turboquant_3bit_nc", "mse3")):
-            lay, cache, view, bt = build_cache(preset, 4, 32768, 64, gen)
-            ws = TV.VerifyWorkspace.allocate(64, 4, 24, D, device="cuda")
-            res = []
-            for bn in (32, 64):
-                for pf in (True, False):
-                    cfg = {"BLOCK_N": bn, "num_warps": 4, "num_stages": 1, "PREFETCH": pf}
-                    TV.V2_LAUNCH_DEFAULTS[key] = cfg
-                    try:
-                        r = bench_case(up, lay, view, bt, 32768, 64, 3, 24, 4, bw, ws, arange_cache, None, True)
-                    except Exception as exc:  # noqa: BLE001
-                        print("tune", preset, cfg, "failed", type(exc).__name__, str(exc)[:200], flush=True)
-                        continue
-                    print("tune", preset, json.dumps(cfg), f"{r['ours_ms']:.3f} ms {r['pct_bound']:.0f}%", flush=True)
-                    res.append((r["ours_ms"], cfg))
-            best[key] = min(res, key=lambda x: x[0])[1]
-            TV.V2_LAUNCH_DEFAULTS[key] = best[key]
-            print("tune best", key, best[key], flush=True)
-            del cache, view, bt, ws
-            torch.cuda.empty_cache()
-        best = {}  # the tuned table is in TV.V2_LAUNCH_DEFAULTS; no per-call overrides
-
-    def launch_for(preset):
-        if preset in best:
-            return best[preset]
-        if best:
-            return best["turboquant_k8v4"] if "k8v4" in preset else best.get("turboquant_4bit_nc", best["turboquant_3bit_nc"]) if "4" in preset else best["turboquant_3bit_nc"]
-        return None
     rows = []
     plan = []
     presets = args.presets.split(",") if args.presets else FULL + PARTIAL
@@ -185,7 +167,7 @@ def main() -> None:
         ws = TV.VerifyWorkspace.allocate(max(bs), max(ks) + 1, hq, D, device="cuda")
         for b in bs:
             for k in ks:
-                r = bench_case(up, lay, view, bt, ctx, b, k, hq, hk, bw, ws, arange_cache, launch_for(preset))
+                r = bench_case(up, lay, view, bt, ctx, b, k, hq, hk, bw, ws, arange_cache)
                 rows.append(r)
                 print(json.dumps(r), flush=True)
         del cache, view, bt, ws

@@ -44,8 +44,10 @@ def _tables(preset: str, dev="cuda"):
     return lay, L.lloyd_max_centroids(D, lay.centroid_bits).to(dev), L.hadamard(D, dev)
 
 
-def make_cache(preset, seq_lens, hk, *, dev="cuda", seed=0, e4b15=False, store=None):
-    """Random K/V stored (reference store unless ``store`` given) into a head-major cache.
+def make_cache(preset, seq_lens, hk, *, dev="cuda", seed=0, e4b15=False, store=None, layout="head"):
+    """Random K/V stored (reference store unless ``store`` given) into a cache whose pages are
+    head-major (``layout="head"``) or vLLM 0.32's LBNHC ``[block, position, kv head, slot]``
+    (``layout="vllm"``, what its TurboQuant backend hands the kernels).
 
     Returns (cache view [nb, PAGE, hk, slot], block_table int32 [B, max_blocks]).
     """
@@ -53,8 +55,10 @@ def make_cache(preset, seq_lens, hk, *, dev="cuda", seed=0, e4b15=False, store=N
     lay, cent, H = _tables(preset, dev)
     nblk = [(s + PAGE - 1) // PAGE for s in seq_lens]
     total = sum(nblk) + 1
-    cache = torch.zeros(total, hk, PAGE, lay.slot_size_aligned, dtype=torch.uint8, device=dev)
-    view = cache.transpose(1, 2)  # vLLM hands the backend this transposed head-major view
+    if layout == "vllm":
+        view = torch.zeros(total, PAGE, hk, lay.slot_size_aligned, dtype=torch.uint8, device=dev)
+    else:
+        view = torch.zeros(total, hk, PAGE, lay.slot_size_aligned, dtype=torch.uint8, device=dev).transpose(1, 2)
     perm = torch.randperm(total - 1, generator=g) + 1  # block 0 stays the null block
     bt = torch.zeros(len(seq_lens), max(max(nblk), 1), dtype=torch.int32)
     o = 0
@@ -80,9 +84,9 @@ def rel_err(out, ref):
     return ((out.float() - ref.float()).abs().max() / ref.float().abs().max().clamp_min(1e-6)).item()
 
 
-def run_both(preset, seq_lens, hq, hk, k1, *, qdtype=torch.float32, seed=0, **kw):
+def run_both(preset, seq_lens, hq, hk, k1, *, qdtype=torch.float32, seed=0, layout="head", **kw):
     lay, cent, H = _tables(preset)
-    view, bt = make_cache(preset, seq_lens, hk, seed=seed)
+    view, bt = make_cache(preset, seq_lens, hk, seed=seed, layout=layout)
     sl = torch.tensor(seq_lens, dtype=torch.int32, device="cuda")
     q = torch.randn(len(seq_lens) * k1, hq, D, device="cuda").to(qdtype)
     args = dict(preset=preset, scale=D**-0.5, centroids=cent, PiT=H)
@@ -127,6 +131,37 @@ def test_verify_matches_float64_reference(preset, heads, k1):
     out, ref, _ = run_both(preset, [k1, 700, 4096 + k1], hq, hk, k1)
     assert torch.isfinite(out).all()
     assert rel_err(out, ref) < 3e-3
+
+
+@pytest.mark.parametrize("preset", PRESETS)
+@pytest.mark.parametrize("heads", [(24, 4), (16, 2)])
+@pytest.mark.parametrize("k1", [1, 4])
+def test_vllm_page_layout_matches_reference(preset, heads, k1):
+    """vLLM's LBNHC pages: one head's positions sit Hk slots apart."""
+    _need_cuda()
+    hq, hk = heads
+    out, ref, _ = run_both(preset, [k1 + 5, 1500, 4096 + k1], hq, hk, k1, layout="vllm")
+    assert torch.isfinite(out).all()
+    assert rel_err(out, ref) < 3e-3
+
+
+@pytest.mark.parametrize("preset", ["turboquant_k8v4", "turboquant_4bit_nc", "turboquant_k3v4_nc"])
+def test_portable_and_asm_dequant_agree(preset):
+    """The PTX dequant (fp8 cvt, nibble lop3) and the portable shift/mask path give the same answer."""
+    _need_cuda()
+    key = preset
+    saved = dict(TV.V2_LAUNCH_DEFAULTS[key])
+    outs = []
+    try:
+        for asm in (False, True):
+            TV.V2_LAUNCH_DEFAULTS[key] = {**saved, "FP8_ASM": asm, "NIB_ASM": asm}
+            torch.manual_seed(11)  # same queries for both paths
+            out, ref, _ = run_both(preset, [7, 3000], 24, 4, 4, layout="vllm")
+            assert rel_err(out, ref) < 3e-3, asm
+            outs.append(out)
+    finally:
+        TV.V2_LAUNCH_DEFAULTS[key] = saved
+    assert rel_err(outs[1], outs[0]) < 1e-3
 
 
 @pytest.mark.parametrize("preset", ["turboquant_k8v4", "turboquant_3bit_nc"])

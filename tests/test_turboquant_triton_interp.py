@@ -19,11 +19,16 @@ from vllm_platform_ext.ops.turboquant import reference as R
 HERE = os.path.abspath(__file__)
 
 
-def _cache(preset, d, hk, nb=8, page=16, seed=0):
+def _cache(preset, d, hk, nb=8, page=16, seed=0, layout="head"):
+    """layout "vllm": vLLM 0.32's LBNHC page [block, position, kv head, slot] (contiguous);
+    "head": head-major pages seen through the same [block, position, kv head, slot] view."""
     torch.manual_seed(seed)
     lay = L.layout_for(preset, d)
     c, H = L.lloyd_max_centroids(d, lay.centroid_bits), L.hadamard(d)
-    view = torch.zeros(nb, hk, page, lay.slot_size_aligned, dtype=torch.uint8).transpose(1, 2)
+    if layout == "vllm":
+        view = torch.zeros(nb, page, hk, lay.slot_size_aligned, dtype=torch.uint8)
+    else:
+        view = torch.zeros(nb, hk, page, lay.slot_size_aligned, dtype=torch.uint8).transpose(1, 2)
     ntok = nb * page
     R.tq_store_reference(torch.randn(ntok, hk, d), torch.randn(ntok, hk, d), view, torch.arange(ntok), preset,
                          PiT=H, centroids=c)
@@ -53,6 +58,10 @@ def _cases_v2():
         ("turboquant_k8v4", 1, 2, "float16", {"BLOCK_N": 16, "PREFETCH": False}),
         ("turboquant_3bit_nc", 2, 6, "float16", {"BLOCK_N": 32, "PREFETCH": False}),
         ("turboquant_4bit_nc", 6, 6, "float32", {"BLOCK_M": 16, "BLOCK_N": 16}),  # 36 rows in 3 row chunks
+        # vLLM's own page layout (positions of one head Hk slots apart), unmasked + masked tiles
+        ("turboquant_k8v4", 4, 3, "float32", {"BLOCK_N": 16, "layout": "vllm"}),
+        ("turboquant_4bit_nc", 2, 3, "float16", {"BLOCK_N": 32, "layout": "vllm"}),
+        ("turboquant_3bit_nc", 4, 3, "float32", {"BLOCK_N": 16, "layout": "vllm"}),
     ]
     return out
 
@@ -72,7 +81,7 @@ def _interp_check() -> dict:
         else:
             for k, v in saved.items():
                 TV.V2_LAUNCH_DEFAULTS[k] = dict(v)
-        view, c, H = _cache(preset, d, hk)
+        view, c, H = _cache(preset, d, hk, layout=launch.pop("layout", "head"))
         sl = torch.tensor([k1 + 37, 0, 2, 128], dtype=torch.int32)  # long, padding, short (rows see nothing), full
         bt = torch.tensor([[1, 2, 3, 0, 4, 5, 6, 7], [0] * 8, [5, 0, 0, 0, 0, 0, 0, 0], [7, 6, 5, 4, 3, 2, 1, 0]],
                           dtype=torch.int32)

@@ -221,6 +221,65 @@ def _idx_f16(x, MASK: tl.constexpr):
 
 
 @triton.jit
+def _fp8x4_f16_asm(w):
+    """int32 words of 4 e4m3 (e4nv) key bytes -> 4 fp16 tensors (byte 0..3), exact, through the
+    SM 8.9+ ``cvt.rn.f16x2.e4m3x2`` conversion: 2 byte permutes + 4 conversions per 2 words."""
+    return tl.inline_asm_elementwise(
+        asm="""
+        {
+        .reg .b32 t02, t13;
+        .reg .b16 a0, a1, a2, a3;
+        prmt.b32 t02, $4, $5, 0x6240;
+        prmt.b32 t13, $4, $5, 0x7351;
+        mov.b32 {a0, a2}, t02;
+        mov.b32 {a1, a3}, t13;
+        cvt.rn.f16x2.e4m3x2 $0, a0;
+        cvt.rn.f16x2.e4m3x2 $1, a1;
+        cvt.rn.f16x2.e4m3x2 $2, a2;
+        cvt.rn.f16x2.e4m3x2 $3, a3;
+        }
+        """,
+        constraints="=r,=r,=r,=r,r,r",
+        args=[w],
+        dtype=(tl.float16, tl.float16, tl.float16, tl.float16),
+        is_pure=True,
+        pack=2,
+    )
+
+
+@triton.jit
+def _nib4_f16_asm(h):
+    """int16 words of 4 nibbles -> 4 fp16 tensors ``nibble e - 8`` (e = 0..3), exact: per pair
+    of words and nibble position one shift, one ``lop3`` (builds 1024 + nibble) and one packed
+    subtraction of 1032 (0x6408)."""
+    return tl.inline_asm_elementwise(
+        asm="""
+        {
+        .reg .b32 y4, y8, y12, z0, z1, z2, z3, off;
+        mov.b32 off, 0x64086408;
+        shr.b32 y4, $4, 4;
+        shr.b32 y8, $4, 8;
+        shr.b32 y12, $4, 12;
+        lop3.b32 z0, $4, 0x000F000F, 0x64006400, 0xEA;
+        lop3.b32 z1, y4, 0x000F000F, 0x64006400, 0xEA;
+        lop3.b32 z2, y8, 0x000F000F, 0x64006400, 0xEA;
+        lop3.b32 z3, y12, 0x000F000F, 0x64006400, 0xEA;
+        sub.f16x2 $0, z0, off;
+        sub.f16x2 $1, z1, off;
+        sub.f16x2 $2, z2, off;
+        sub.f16x2 $3, z3, off;
+        }
+        """,
+        constraints="=r,=r,=r,=r,r",
+        args=[h],
+        dtype=(tl.float16, tl.float16, tl.float16, tl.float16),
+        is_pure=True,
+        pack=2,
+    )
+
+
+
+@triton.jit
 def _unpack_3bit(h0, h1, h2, D: tl.constexpr, BLOCK_N: tl.constexpr):
     """3 halfwords (int32, sign-extended) per group of 16 -> ``[BLOCK_N, D]`` indices, natural order."""
     x = (h0.to(tl.int64) & 0xFFFF) | ((h1.to(tl.int64) & 0xFFFF) << 16) | ((h2.to(tl.int64) & 0xFFFF) << 32)
@@ -229,53 +288,184 @@ def _unpack_3bit(h0, h1, h2, D: tl.constexpr, BLOCK_N: tl.constexpr):
 
 
 @triton.jit
-def _v2_load(KV16, KV32, bt_row, head_off, stride_cb, stride_cp, start_n, end,
+def _ld(ptr, ok, MASKED: tl.constexpr):
+    if MASKED:
+        return tl.load(ptr, mask=ok, other=0)
+    else:
+        return tl.load(ptr)
+
+
+@triton.jit
+def _v2_load(KV16, KV32, bt_row, kv_off, stride_cb, stride_cp, start_n, end,
              PAGE: tl.constexpr, BLOCK_N: tl.constexpr, D: tl.constexpr,
              KEY_FP8: tl.constexpr, KEY_W32: tl.constexpr, KEY_BITS: tl.constexpr, NORM_W: tl.constexpr,
-             VAL_BITS: tl.constexpr, VAL_W: tl.constexpr, SZ_W: tl.constexpr):
-    """Raw words of one tile (masked past ``end``): key words ka/kb/kc, value words va/vb/vc
-    (unused ones are [1, 1] dummies), and the per-token norm / scale / zero halfwords."""
+             VAL_BITS: tl.constexpr, VAL_W: tl.constexpr, SZ_W: tl.constexpr, MASKED: tl.constexpr):
+    """Raw words of one tile: key words ka/kb/kc, value words va/vb/vc (unused ones are [1, 1]
+    dummies), and the per-token norm / scale / zero halfwords. MASKED: positions >= ``end`` read
+    as zeros (else every position of the tile must be < ``end``: no predicates).
+
+    One 64-bit row pointer per token; the columns are 32-bit offsets from it."""
     n = start_n + tl.arange(0, BLOCK_N)
     n_ok = n < end
-    blk = tl.load(bt_row + n // PAGE, mask=n_ok, other=0).to(tl.int64)
-    base = blk * stride_cb + (n % PAGE).to(tl.int64) * stride_cp + head_off  # 16-bit words
+    blk = _ld(bt_row + n // PAGE, n_ok, MASKED).to(tl.int64)
+    row16 = blk * stride_cb + kv_off + (n % PAGE) * stride_cp  # 16-bit words
+    p16 = KV16 + row16
     okc = n_ok[:, None]
     d4 = tl.arange(0, D // 4)
     g3 = tl.arange(0, D // 16) * 3
     dummy = tl.zeros([1, 1], tl.int32)
     if KEY_FP8:
         if KEY_W32:
-            ka = tl.load(KV32 + (base // 2)[:, None] + d4[None, :], mask=okc, other=0)
+            ka = _ld((KV32 + row16 // 2)[:, None] + d4[None, :], okc, MASKED)
             kb = dummy
         else:
-            kp = KV16 + base[:, None] + 2 * d4[None, :]
-            ka = tl.load(kp, mask=okc, other=0).to(tl.int32)
-            kb = tl.load(kp + 1, mask=okc, other=0).to(tl.int32)
+            kp = p16[:, None] + 2 * d4[None, :]
+            ka = _ld(kp, okc, MASKED).to(tl.int32)
+            kb = _ld(kp + 1, okc, MASKED).to(tl.int32)
         kc = dummy
         kn = tl.zeros([BLOCK_N], tl.int32)
     else:
         if KEY_BITS == 3:
-            kp = KV16 + base[:, None] + g3[None, :]
-            ka = tl.load(kp, mask=okc, other=0).to(tl.int32)
-            kb = tl.load(kp + 1, mask=okc, other=0).to(tl.int32)
-            kc = tl.load(kp + 2, mask=okc, other=0).to(tl.int32)
+            kp = p16[:, None] + g3[None, :]
+            ka = _ld(kp, okc, MASKED).to(tl.int32)
+            kb = _ld(kp + 1, okc, MASKED).to(tl.int32)
+            kc = _ld(kp + 2, okc, MASKED).to(tl.int32)
         else:
-            ka = tl.load(KV16 + base[:, None] + d4[None, :], mask=okc, other=0).to(tl.int32)
+            ka = _ld(p16[:, None] + d4[None, :], okc, MASKED).to(tl.int32)
             kb = dummy
             kc = dummy
-        kn = tl.load(KV16 + base + NORM_W, mask=n_ok, other=0).to(tl.int32)
+        kn = _ld(p16 + NORM_W, n_ok, MASKED).to(tl.int32)
     if VAL_BITS == 3:
-        vp = KV16 + base[:, None] + VAL_W + g3[None, :]
-        va = tl.load(vp, mask=okc, other=0).to(tl.int32)
-        vb = tl.load(vp + 1, mask=okc, other=0).to(tl.int32)
-        vc = tl.load(vp + 2, mask=okc, other=0).to(tl.int32)
+        vp = p16[:, None] + (VAL_W + g3)[None, :]
+        va = _ld(vp, okc, MASKED).to(tl.int32)
+        vb = _ld(vp + 1, okc, MASKED).to(tl.int32)
+        vc = _ld(vp + 2, okc, MASKED).to(tl.int32)
+        vs = _ld(p16 + SZ_W, n_ok, MASKED).to(tl.int32)
+        vz = _ld(p16 + (SZ_W + 1), n_ok, MASKED).to(tl.int32)
     else:
-        va = tl.load(KV16 + base[:, None] + VAL_W + d4[None, :], mask=okc, other=0).to(tl.int32)
+        va = _ld(p16[:, None] + (VAL_W + d4)[None, :], okc, MASKED).to(tl.int32)
         vb = dummy
         vc = dummy
-    vs = tl.load(KV16 + base + SZ_W, mask=n_ok, other=0).to(tl.int32)
-    vz = tl.load(KV16 + base + SZ_W + 1, mask=n_ok, other=0).to(tl.int32)
+        vs = _ld(p16 + SZ_W, n_ok, MASKED).to(tl.int32)
+        vz = _ld(p16 + (SZ_W + 1), n_ok, MASKED).to(tl.int32)
     return ka, kb, kc, va, vb, vc, kn, vs, vz
+    if VAL_BITS == 3:
+        vp = p16[:, None] + (VAL_W + g3)[None, :]
+        va = _ld(vp, okc, MASKED).to(tl.int32)
+        vb = _ld(vp + 1, okc, MASKED).to(tl.int32)
+        vc = _ld(vp + 2, okc, MASKED).to(tl.int32)
+    else:
+        va = _ld(p16[:, None] + (VAL_W + d4)[None, :], okc, MASKED).to(tl.int32)
+        vb = dummy
+        vc = dummy
+    vs = _ld(p16 + SZ_W, n_ok, MASKED).to(tl.int32)
+    vz = _ld(p16 + (SZ_W + 1), n_ok, MASKED).to(tl.int32)
+    return ka, kb, kc, va, vb, vc, kn, vs, vz
+
+
+@triton.jit
+def _v2_tile(cka, ckb, ckc, cva, cvb, cvc, ckn, cvs, cvz,
+             q0, q1, q2, q3, CENT16, start_n, end, lim,
+             m_i, l_i, c_i, r_i, acc0, acc1, acc2, acc3,
+             BLOCK_N: tl.constexpr, D: tl.constexpr,
+             KEY_FP8: tl.constexpr, KEY_W32: tl.constexpr, KEY_BITS: tl.constexpr,
+             NORM_CORRECTION: tl.constexpr, VAL_BITS: tl.constexpr,
+             FP8_ASM: tl.constexpr, NIB_ASM: tl.constexpr, MASKED: tl.constexpr):
+    """One tile of the online softmax. The query already carries softmax scale * log2(e).
+
+    Value accumulators are kept in units of ``c_i`` (the previous tile's largest value scale):
+    each tile rescales them once (``alpha * c_i / s_max``, one FFMA with the tile's product);
+    zero points and the centring offset go to the per-row ``r_i``, in true units. Value indices
+    enter the tensor cores centred (``idx - 8``, ``idx - 4`` for 3 bits): with the raw ``1024 +
+    idx`` pattern the tile products are ~1000x larger than their signal and the MMA's truncating
+    adds bias long contexts (measured: 1e-1 relative at 32K); the tile's product starts from zero.
+    """
+    # ---- scores ----
+    if KEY_FP8:
+        if FP8_ASM:
+            k0, k1, k2, k3 = _fp8x4_f16_asm(cka)
+        elif KEY_W32:
+            k0 = _fp8_as_f16(cka & 0xFF)
+            k1 = _fp8_as_f16((cka >> 8) & 0xFF)
+            k2 = _fp8_as_f16((cka >> 16) & 0xFF)
+            k3 = _fp8_as_f16((cka >> 24) & 0xFF)
+        else:
+            k0 = _fp8_as_f16(cka & 0xFF)
+            k1 = _fp8_as_f16((cka >> 8) & 0xFF)
+            k2 = _fp8_as_f16(ckb & 0xFF)
+            k3 = _fp8_as_f16((ckb >> 8) & 0xFF)
+        s = tl.dot(q0, tl.trans(k0))
+        s = tl.dot(q1, tl.trans(k1), s)
+        s = tl.dot(q2, tl.trans(k2), s)
+        s = tl.dot(q3, tl.trans(k3), s)
+    else:
+        k_mul = _h16(ckn).to(tl.float32)
+        if KEY_BITS == 3:
+            c = tl.load(CENT16 + _unpack_3bit(cka, ckb, ckc, D, BLOCK_N))
+            s = tl.dot(q0, tl.trans(c))
+            if NORM_CORRECTION:
+                gram = tl.dot(c, tl.trans(c))
+        else:
+            c0 = tl.load(CENT16 + (cka & 15))
+            c1 = tl.load(CENT16 + ((cka >> 4) & 15))
+            c2 = tl.load(CENT16 + ((cka >> 8) & 15))
+            c3 = tl.load(CENT16 + ((cka >> 12) & 15))
+            s = tl.dot(q0, tl.trans(c0))
+            s = tl.dot(q1, tl.trans(c1), s)
+            s = tl.dot(q2, tl.trans(c2), s)
+            s = tl.dot(q3, tl.trans(c3), s)
+            if NORM_CORRECTION:
+                gram = tl.dot(c0, tl.trans(c0))
+                gram = tl.dot(c1, tl.trans(c1), gram)
+                gram = tl.dot(c2, tl.trans(c2), gram)
+                gram = tl.dot(c3, tl.trans(c3), gram)
+        if NORM_CORRECTION:  # ||centroid vector||^2 of each token: the Gram diagonal (tensor cores)
+            eye = tl.arange(0, BLOCK_N)[:, None] == tl.arange(0, BLOCK_N)[None, :]
+            nrm2 = tl.sum(tl.where(eye, gram, 0.0), axis=1)
+            k_mul = k_mul / tl.sqrt(nrm2 + 1e-16)
+        s = s * k_mul[None, :]
+    if MASKED:
+        n = start_n + tl.arange(0, BLOCK_N)
+        visible = (n < end)[None, :] & (n[None, :] < lim[:, None])
+        s = tl.where(visible, s, float("-inf"))
+
+    # ---- online softmax (base 2) ----
+    m_new = tl.maximum(m_i, tl.max(s, axis=1))
+    if MASKED:
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+    else:
+        m_use = m_new
+    alpha = tl.exp2(m_i - m_use)
+    p = tl.exp2(s - m_use[:, None])
+    l_i = l_i * alpha + tl.sum(p, axis=1)
+
+    # ---- values: dot(w, idx - HALF), w = p * scale / max scale (fp16) ----
+    v_scale = _h16(cvs & 0xFFFF).to(tl.float32)
+    v_zero = _h16(cvz & 0xFFFF).to(tl.float32)
+    s_max = tl.maximum(tl.max(v_scale, axis=0), 6e-8)
+    w = (p * (v_scale / s_max)[None, :]).to(tl.float16)
+    if VAL_BITS == 3:
+        half = 4.0
+    else:
+        half = 8.0
+    r_i = r_i * alpha + tl.sum(p * v_zero[None, :], axis=1) + (half * s_max) * tl.sum(w.to(tl.float32), axis=1)
+    f = (alpha * (c_i / s_max))[:, None]
+    if VAL_BITS == 3:
+        vt = _idx_f16(_unpack_3bit(cva, cvb, cvc, D, BLOCK_N), 7) - 1028.0
+        acc0 = acc0 * f + tl.dot(w, vt)
+    else:
+        if NIB_ASM:
+            v0, v1, v2, v3 = _nib4_f16_asm(cva.to(tl.int16))
+        else:
+            v0 = _idx_f16(cva, 15) - 1032.0
+            v1 = _idx_f16(cva >> 4, 15) - 1032.0
+            v2 = _idx_f16(cva >> 8, 15) - 1032.0
+            v3 = _idx_f16(cva >> 12, 15) - 1032.0
+        acc0 = acc0 * f + tl.dot(w, v0)
+        acc1 = acc1 * f + tl.dot(w, v1)
+        acc2 = acc2 * f + tl.dot(w, v2)
+        acc3 = acc3 * f + tl.dot(w, v3)
+    return m_new, l_i, s_max, r_i, acc0, acc1, acc2, acc3
 
 
 @triton.jit
@@ -285,13 +475,13 @@ def _tq_verify_v2(
     stride_cb, stride_cp, stride_ch,  # in 16-bit words
     stride_bt,
     stride_mr, stride_mh, stride_ms,
-    qk_scale,  # softmax scale * log2(e) (* 256 for e4nv fp8 keys)
+    qk_scale,  # softmax scale * log2(e) (* 256 for e4nv fp8 keys decoded by shifts)
     K1, NUM_SPLITS,
     G: tl.constexpr, BLOCK_M: tl.constexpr, M_CHUNKS: tl.constexpr,
     D: tl.constexpr, PAGE: tl.constexpr, BLOCK_N: tl.constexpr,
     KEY_FP8: tl.constexpr, KEY_W32: tl.constexpr, KEY_BITS: tl.constexpr, NORM_W: tl.constexpr,
     NORM_CORRECTION: tl.constexpr, VAL_BITS: tl.constexpr, VAL_W: tl.constexpr, SZ_W: tl.constexpr,
-    PREFETCH: tl.constexpr,
+    PREFETCH: tl.constexpr, FP8_ASM: tl.constexpr = False, NIB_ASM: tl.constexpr = False,
 ):
     """Field layout in 16-bit words of a slot: keys at 0 (fp8 bytes, or packed indices and the
     fp16 norm at NORM_W), value indices at VAL_W, fp16 scale/zero at SZ_W/SZ_W+1.
@@ -299,16 +489,21 @@ def _tq_verify_v2(
     4-bit fields and fp8 keys are split by their position e in a word: sub-tile e holds head
     dim elements 4j+e, and each is scored / accumulated by its own dot against the matching
     query / output columns (no register shuffles). 3-bit fields unpack to natural order.
+    Tiles wholly before the causal region and before the split's end run without any mask.
     """
-    b = tl.program_id(0)
-    kvh = tl.program_id(1) // M_CHUNKS
-    mc = tl.program_id(1) % M_CHUNKS
+    # row chunks of one (request, KV head) are neighbours in launch order: they share the KV tiles in L2
+    b = tl.program_id(1)
+    kvh = tl.program_id(0) // M_CHUNKS
+    mc = tl.program_id(0) % M_CHUNKS
     sid = tl.program_id(2)
 
     seq_len = tl.load(SEQ + b)
     split_len = tl.cdiv(tl.cdiv(seq_len, NUM_SPLITS), BLOCK_N) * BLOCK_N
     start = sid * split_len
     end = tl.minimum(start + split_len, seq_len)
+    # tiles [start, full_end) need no mask: every position < end and visible to every row
+    n_full = tl.maximum(tl.minimum(end, seq_len - K1 + 1) - start, 0) // BLOCK_N
+    full_end = start + n_full * BLOCK_N
 
     m_offs = mc * BLOCK_M + tl.arange(0, BLOCK_M)
     row_ok = m_offs < K1 * G
@@ -319,19 +514,21 @@ def _tq_verify_v2(
     d4 = tl.arange(0, D // 4)
     dn = tl.arange(0, D)
     if KEY_BITS == 3:
-        q0 = tl.load(Q + q_row[:, None] + dn[None, :], mask=row_ok[:, None], other=0.0).to(tl.float16)
+        q0 = (tl.load(Q + q_row[:, None] + dn[None, :], mask=row_ok[:, None], other=0.0) * qk_scale).to(tl.float16)
         q1 = q0
         q2 = q0
         q3 = q0
     else:
         qp = Q + q_row[:, None] + 4 * d4[None, :]
-        q0 = tl.load(qp, mask=row_ok[:, None], other=0.0).to(tl.float16)
-        q1 = tl.load(qp + 1, mask=row_ok[:, None], other=0.0).to(tl.float16)
-        q2 = tl.load(qp + 2, mask=row_ok[:, None], other=0.0).to(tl.float16)
-        q3 = tl.load(qp + 3, mask=row_ok[:, None], other=0.0).to(tl.float16)
+        q0 = (tl.load(qp, mask=row_ok[:, None], other=0.0) * qk_scale).to(tl.float16)
+        q1 = (tl.load(qp + 1, mask=row_ok[:, None], other=0.0) * qk_scale).to(tl.float16)
+        q2 = (tl.load(qp + 2, mask=row_ok[:, None], other=0.0) * qk_scale).to(tl.float16)
+        q3 = (tl.load(qp + 3, mask=row_ok[:, None], other=0.0) * qk_scale).to(tl.float16)
 
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
+    r_i = tl.zeros([BLOCK_M], tl.float32)
+    c_i = 1.0
     if VAL_BITS == 3:
         acc0 = tl.zeros([BLOCK_M, D], tl.float32)
     else:
@@ -340,111 +537,52 @@ def _tq_verify_v2(
     acc2 = tl.zeros([BLOCK_M, D // 4], tl.float32)
     acc3 = tl.zeros([BLOCK_M, D // 4], tl.float32)
     bt_row = BT + b.to(tl.int64) * stride_bt
-    head_off = kvh.to(tl.int64) * stride_ch
-    eye = tl.arange(0, BLOCK_N)[:, None] == tl.arange(0, BLOCK_N)[None, :]
+    kv_off = kvh.to(tl.int64) * stride_ch
 
-    if PREFETCH:  # registers hold the next tile's words while this one is computed
-        ka, kb, kc, va, vb, vc, kn, vs, vz = _v2_load(KV16, KV32, bt_row, head_off, stride_cb, stride_cp, start, end,
+    if PREFETCH:  # registers hold the next tile's words while this one is computed (masked loads)
+        ka, kb, kc, va, vb, vc, kn, vs, vz = _v2_load(KV16, KV32, bt_row, kv_off, stride_cb, stride_cp, start, end,
                                                       PAGE, BLOCK_N, D, KEY_FP8, KEY_W32, KEY_BITS, NORM_W,
-                                                      VAL_BITS, VAL_W, SZ_W)
-    for start_n in range(start, end, BLOCK_N):
-        n = start_n + tl.arange(0, BLOCK_N)
-        n_ok = n < end
+                                                      VAL_BITS, VAL_W, SZ_W, True)
+    for start_n in range(start, full_end, BLOCK_N):
         if PREFETCH:
             cka, ckb, ckc, cva, cvb, cvc, ckn, cvs, cvz = ka, kb, kc, va, vb, vc, kn, vs, vz
-            ka, kb, kc, va, vb, vc, kn, vs, vz = _v2_load(KV16, KV32, bt_row, head_off, stride_cb, stride_cp,
+            ka, kb, kc, va, vb, vc, kn, vs, vz = _v2_load(KV16, KV32, bt_row, kv_off, stride_cb, stride_cp,
                                                           start_n + BLOCK_N, end, PAGE, BLOCK_N, D, KEY_FP8,
-                                                          KEY_W32, KEY_BITS, NORM_W, VAL_BITS, VAL_W, SZ_W)
+                                                          KEY_W32, KEY_BITS, NORM_W, VAL_BITS, VAL_W, SZ_W, True)
         else:
-            cka, ckb, ckc, cva, cvb, cvc, ckn, cvs, cvz = _v2_load(KV16, KV32, bt_row, head_off, stride_cb,
+            cka, ckb, ckc, cva, cvb, cvc, ckn, cvs, cvz = _v2_load(KV16, KV32, bt_row, kv_off, stride_cb,
                                                                    stride_cp, start_n, end, PAGE, BLOCK_N, D,
                                                                    KEY_FP8, KEY_W32, KEY_BITS, NORM_W, VAL_BITS,
-                                                                   VAL_W, SZ_W)
-
-        # ---- scores ----
-        if KEY_FP8:
-            if KEY_W32:
-                k0 = _fp8_as_f16(cka & 0xFF)
-                k1 = _fp8_as_f16((cka >> 8) & 0xFF)
-                k2 = _fp8_as_f16((cka >> 16) & 0xFF)
-                k3 = _fp8_as_f16((cka >> 24) & 0xFF)
-            else:
-                k0 = _fp8_as_f16(cka & 0xFF)
-                k1 = _fp8_as_f16((cka >> 8) & 0xFF)
-                k2 = _fp8_as_f16(ckb & 0xFF)
-                k3 = _fp8_as_f16((ckb >> 8) & 0xFF)
-            s = tl.dot(q0, tl.trans(k0))
-            s = tl.dot(q1, tl.trans(k1), s)
-            s = tl.dot(q2, tl.trans(k2), s)
-            s = tl.dot(q3, tl.trans(k3), s)
-        else:
-            k_mul = _h16(ckn).to(tl.float32)
-            if KEY_BITS == 3:
-                c = tl.load(CENT16 + _unpack_3bit(cka, ckb, ckc, D, BLOCK_N))
-                s = tl.dot(q0, tl.trans(c))
-                if NORM_CORRECTION:
-                    gram = tl.dot(c, tl.trans(c))
-            else:
-                c0 = tl.load(CENT16 + (cka & 15))
-                c1 = tl.load(CENT16 + ((cka >> 4) & 15))
-                c2 = tl.load(CENT16 + ((cka >> 8) & 15))
-                c3 = tl.load(CENT16 + ((cka >> 12) & 15))
-                s = tl.dot(q0, tl.trans(c0))
-                s = tl.dot(q1, tl.trans(c1), s)
-                s = tl.dot(q2, tl.trans(c2), s)
-                s = tl.dot(q3, tl.trans(c3), s)
-                if NORM_CORRECTION:
-                    gram = tl.dot(c0, tl.trans(c0))
-                    gram = tl.dot(c1, tl.trans(c1), gram)
-                    gram = tl.dot(c2, tl.trans(c2), gram)
-                    gram = tl.dot(c3, tl.trans(c3), gram)
-            if NORM_CORRECTION:  # ||centroid vector||^2 of each token: the Gram diagonal
-                nrm2 = tl.sum(tl.where(eye, gram, 0.0), axis=1)
-                k_mul = k_mul / tl.sqrt(nrm2 + 1e-16)
-            s = s * k_mul[None, :]
-        s = s * qk_scale
-        visible = n_ok[None, :] & (n[None, :] < lim[:, None])
-        s = tl.where(visible, s, float("-inf"))
-
-        # ---- online softmax (base 2) ----
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = tl.exp2(m_i - m_use)
-        p = tl.exp2(s - m_use[:, None])
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-
-        # ---- values: dot(w, 1024 + idx) - 1024 * sum(w), w = p * scale / max scale (fp16) ----
-        v_scale = _h16(cvs).to(tl.float32)
-        v_zero = _h16(cvz).to(tl.float32)
-        s_max = tl.maximum(tl.max(v_scale, axis=0), 1e-30)
-        w = (p * (v_scale / s_max)[None, :]).to(tl.float16)
-        corr = tl.sum(p * v_zero[None, :], axis=1) - (1024.0 * s_max) * tl.sum(w.to(tl.float32), axis=1)
-        if VAL_BITS == 3:
-            vt = _idx_f16(_unpack_3bit(cva, cvb, cvc, D, BLOCK_N), 7)
-            acc0 = acc0 * alpha[:, None] + tl.dot(w, vt) * s_max + corr[:, None]
-        else:
-            vh = cva
-            acc0 = acc0 * alpha[:, None] + tl.dot(w, _idx_f16(vh, 15)) * s_max + corr[:, None]
-            acc1 = acc1 * alpha[:, None] + tl.dot(w, _idx_f16(vh >> 4, 15)) * s_max + corr[:, None]
-            acc2 = acc2 * alpha[:, None] + tl.dot(w, _idx_f16(vh >> 8, 15)) * s_max + corr[:, None]
-            acc3 = acc3 * alpha[:, None] + tl.dot(w, _idx_f16(vh >> 12, 15)) * s_max + corr[:, None]
-        m_i = m_new
+                                                                   VAL_W, SZ_W, False)
+        m_i, l_i, c_i, r_i, acc0, acc1, acc2, acc3 = _v2_tile(
+            cka, ckb, ckc, cva, cvb, cvc, ckn, cvs, cvz, q0, q1, q2, q3, CENT16, start_n, end, lim,
+            m_i, l_i, c_i, r_i, acc0, acc1, acc2, acc3,
+            BLOCK_N, D, KEY_FP8, KEY_W32, KEY_BITS, NORM_CORRECTION, VAL_BITS, FP8_ASM, NIB_ASM, False)
+    for start_n in range(full_end, end, BLOCK_N):  # the causal tail and the split's partial tile
+        cka, ckb, ckc, cva, cvb, cvc, ckn, cvs, cvz = _v2_load(KV16, KV32, bt_row, kv_off, stride_cb, stride_cp,
+                                                               start_n, end, PAGE, BLOCK_N, D, KEY_FP8, KEY_W32,
+                                                               KEY_BITS, NORM_W, VAL_BITS, VAL_W, SZ_W, True)
+        m_i, l_i, c_i, r_i, acc0, acc1, acc2, acc3 = _v2_tile(
+            cka, ckb, ckc, cva, cvb, cvc, ckn, cvs, cvz, q0, q1, q2, q3, CENT16, start_n, end, lim,
+            m_i, l_i, c_i, r_i, acc0, acc1, acc2, acc3,
+            BLOCK_N, D, KEY_FP8, KEY_W32, KEY_BITS, NORM_CORRECTION, VAL_BITS, FP8_ASM, NIB_ASM, True)
 
     has = l_i > 0.0
     inv = 1.0 / tl.where(has, l_i, 1.0)
+    ci = c_i * inv
+    ri = r_i * inv
     lse2 = tl.where(has, m_i + tl.log2(tl.where(has, l_i, 1.0)), float("-inf"))
     mid = MID + (b * K1 + t).to(tl.int64) * stride_mr + (kvh * G + g).to(tl.int64) * stride_mh + sid * stride_ms
     okr = row_ok[:, None]
     if VAL_BITS == 3:
-        tl.store(mid[:, None] + dn[None, :], acc0 * inv[:, None], mask=okr)
+        tl.store(mid[:, None] + dn[None, :], acc0 * ci[:, None] + ri[:, None], mask=okr)
     else:
         mp = mid[:, None] + 4 * d4[None, :]
-        tl.store(mp, acc0 * inv[:, None], mask=okr)
-        tl.store(mp + 1, acc1 * inv[:, None], mask=okr)
-        tl.store(mp + 2, acc2 * inv[:, None], mask=okr)
-        tl.store(mp + 3, acc3 * inv[:, None], mask=okr)
+        tl.store(mp, acc0 * ci[:, None] + ri[:, None], mask=okr)
+        tl.store(mp + 1, acc1 * ci[:, None] + ri[:, None], mask=okr)
+        tl.store(mp + 2, acc2 * ci[:, None] + ri[:, None], mask=okr)
+        tl.store(mp + 3, acc3 * ci[:, None] + ri[:, None], mask=okr)
     tl.store(mid + D, lse2, mask=row_ok)
-
 
 # --------------------------------------------------------------------------------------
 # host side
@@ -515,14 +653,23 @@ def v2_num_kv_splits(num_reqs: int, num_kv_heads: int, m_chunks: int, device: to
 
 # v2 kernel (word loads): per key type
 USE_V2 = True
-V2_SPLIT_WAVES = 8
+V2_SPLIT_WAVES = 4
 V2_LAUNCH_DEFAULTS = {
-    # measured best in the H200 sweeps (B=64, K=3, 32K, 24/4; bench_turboquant.py --tune):
-    # PREFETCH (register double buffer of the next tile) halves the 3-bit time (12.8 -> 6.3 ms)
-    # and slows fp8 / 4-bit keys (4.3 -> 6.4 ms, 5.6 -> 7.5 ms)
-    "fp8": {"BLOCK_N": 64, "num_warps": 4, "num_stages": 2, "PREFETCH": False},
-    "mse4": {"BLOCK_N": 64, "num_warps": 4, "num_stages": 1, "PREFETCH": False},
-    "mse3": {"BLOCK_N": 64, "num_warps": 4, "num_stages": 1, "PREFETCH": True},
+    # Per preset, measured best on an H200 (B=64, K=3, 32K context, 24/4 heads, vLLM's page layout;
+    # benchmarks/profile_turboquant.py sweep, numbers in benchmarks/RESULTS_turboquant.md).
+    # FP8_ASM / NIB_ASM: PTX dequant (cvt.rn.f16x2.e4m3x2 for fp8 keys on SM >= 8.9, lop3 for 4-bit
+    # value nibbles); elsewhere (interpreter, SM < 8.9 fp8 keys) the portable shift/mask path runs.
+    # PREFETCH: register double buffer of the next tile (helps 3-bit keys only).
+    # MAX_BLOCK_M: more query rows run as row chunks of this size (chunks of one request and KV head
+    # are launched next to each other and share the KV tiles through L2); WARPS_M64: num_warps
+    # when BLOCK_M is 64.
+    "turboquant_k8v4": {"BLOCK_N": 128, "num_warps": 4, "num_stages": 2, "PREFETCH": False, "FP8_ASM": True,
+                        "NIB_ASM": True, "MAX_BLOCK_M": 32},
+    "turboquant_4bit_nc": {"BLOCK_N": 64, "num_warps": 4, "num_stages": 1, "PREFETCH": False, "NIB_ASM": True,
+                           "MAX_BLOCK_M": 64},
+    "turboquant_k3v4_nc": {"BLOCK_N": 64, "num_warps": 4, "num_stages": 1, "PREFETCH": False, "NIB_ASM": True,
+                           "MAX_BLOCK_M": 64, "WARPS_M64": 8},
+    "turboquant_3bit_nc": {"BLOCK_N": 32, "num_warps": 4, "num_stages": 1, "PREFETCH": True, "MAX_BLOCK_M": 32},
 }
 
 
@@ -613,11 +760,12 @@ def turboquant_verify_attention(
 
     rows = k1 * (hq // hk)
     cfg = _launch_config(rows, lay.key_fp8)
-    block_m = BLOCK_M or cfg["BLOCK_M"]
+    kv16, kv32 = _word_views(kv_cache) if (USE_V2 and d >= 64) else (None, None)
+    v2 = dict(V2_LAUNCH_DEFAULTS[preset]) if kv16 is not None else {}
+    block_m = BLOCK_M or min(cfg["BLOCK_M"], v2.get("MAX_BLOCK_M", 64))
     block_n = BLOCK_N or cfg["BLOCK_N"]
     m_chunks = triton.cdiv(rows, block_m)
     max_splits = workspace.max_kv_splits if workspace is not None else DEFAULT_MAX_KV_SPLITS
-    kv16, kv32 = _word_views(kv_cache) if (USE_V2 and d >= 64) else (None, None)
     if kv16 is not None:
         splits = num_kv_splits or v2_num_kv_splits(b, hk, m_chunks, dev, max_splits)
     else:
@@ -644,12 +792,17 @@ def turboquant_verify_attention(
         return out
 
     if kv16 is not None:
-        v2 = {**cfg, **V2_LAUNCH_DEFAULTS["fp8" if lay.key_fp8 else f"mse{lay.key_bits}"]}
         if BLOCK_N:
             v2["BLOCK_N"] = BLOCK_N
+        if block_m >= 64 and "WARPS_M64" in v2:
+            v2["num_warps"] = v2["WARPS_M64"]
         cent16 = cent.to(torch.float16) if not lay.key_fp8 else kv16
-        key_scale = 1.0 if (not lay.key_fp8 or fp8_e4b15) else 256.0
-        _tq_verify_v2[(b, hk * m_chunks, splits)](
+        asm_ok = dev.type == "cuda" and not _interpreting()
+        fp8_asm = bool(v2.get("FP8_ASM", False) and asm_ok and lay.key_fp8 and kv32 is not None and not fp8_e4b15
+                       and torch.cuda.get_device_capability(dev) >= (8, 9))
+        nib_asm = bool(v2.get("NIB_ASM", False) and asm_ok and lay.value_bits == 4)
+        key_scale = 1.0 if (not lay.key_fp8 or fp8_e4b15 or fp8_asm) else 256.0
+        _tq_verify_v2[(hk * m_chunks, b, splits)](
             q_in, kv16, kv32 if (lay.key_fp8 and kv32 is not None) else kv16, block_table, seq_lens, cent16, mid,
             q_in.stride(0), q_in.stride(1),
             kv16.stride(0), kv16.stride(1), kv16.stride(2),
@@ -662,6 +815,7 @@ def turboquant_verify_attention(
             KEY_FP8=lay.key_fp8, KEY_W32=bool(lay.key_fp8 and kv32 is not None), KEY_BITS=lay.key_bits,
             NORM_W=lay.mse_bytes // 2, NORM_CORRECTION=lay.norm_correction, VAL_BITS=lay.value_bits,
             VAL_W=lay.key_packed_size // 2, SZ_W=lay.scale_offset // 2, PREFETCH=bool(v2["PREFETCH"]),
+            FP8_ASM=fp8_asm, NIB_ASM=nib_asm,
             num_warps=num_warps or v2["num_warps"], num_stages=num_stages or v2["num_stages"],
         )
     else:
