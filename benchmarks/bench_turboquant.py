@@ -71,7 +71,7 @@ def build_cache(preset: str, hk: int, ctx: int, bmax: int, gen: torch.Generator,
     return lay, cache, view, bt
 
 
-def bench_case(up, lay, view, bt_all, ctx, b, k, hq, hk, bw, ws, arange_cache, launch=None, ours_only=False):
+def bench_case(up, lay, view, bt_all, ctx, b, k, hq, hk, bw, ws, arange_cache):
     k1 = k + 1
     preset = lay.preset
     cent = L.lloyd_max_centroids(D, lay.centroid_bits).cuda()
@@ -83,13 +83,10 @@ def bench_case(up, lay, view, bt_all, ctx, b, k, hq, hk, bw, ws, arange_cache, l
     scale = D**-0.5
 
     ours = lambda: TV.turboquant_verify_attention(  # noqa: E731
-        q, view, bt, sl, k1, preset=preset, scale=scale, centroids=cent, PiT=H, workspace=ws, out=out,
-        **(launch or {}))
+        q, view, bt, sl, k1, preset=preset, scale=scale, centroids=cent, PiT=H, workspace=ws, out=out)
     ours()
     t_ours = do_bench_cudagraph(ours, rep=30, return_mode="median")
     nbytes = b * ctx * hk * lay.slot_size
-    if ours_only:
-        return {"ours_ms": t_ours, "pct_bound": 100 * (nbytes / bw * 1e3) / t_ours}
 
     offs = torch.arange(k1, device="cuda", dtype=torch.int32)
     synth_sl = (sl[:, None] - k1 + 1 + offs[None, :]).reshape(-1).contiguous()

@@ -278,7 +278,6 @@ def _nib4_f16_asm(h):
     )
 
 
-
 @triton.jit
 def _unpack_3bit(h0, h1, h2, D: tl.constexpr, BLOCK_N: tl.constexpr):
     """3 halfwords (int32, sign-extended) per group of 16 -> ``[BLOCK_N, D]`` indices, natural order."""
@@ -340,14 +339,12 @@ def _v2_load(KV16, KV32, bt_row, kv_off, stride_cb, stride_cp, start_n, end,
         va = _ld(vp, okc, MASKED).to(tl.int32)
         vb = _ld(vp + 1, okc, MASKED).to(tl.int32)
         vc = _ld(vp + 2, okc, MASKED).to(tl.int32)
-        vs = _ld(p16 + SZ_W, n_ok, MASKED).to(tl.int32)
-        vz = _ld(p16 + (SZ_W + 1), n_ok, MASKED).to(tl.int32)
     else:
         va = _ld(p16[:, None] + (VAL_W + d4)[None, :], okc, MASKED).to(tl.int32)
         vb = dummy
         vc = dummy
-        vs = _ld(p16 + SZ_W, n_ok, MASKED).to(tl.int32)
-        vz = _ld(p16 + (SZ_W + 1), n_ok, MASKED).to(tl.int32)
+    vs = _ld(p16 + SZ_W, n_ok, MASKED).to(tl.int32)
+    vz = _ld(p16 + (SZ_W + 1), n_ok, MASKED).to(tl.int32)
     return ka, kb, kc, va, vb, vc, kn, vs, vz
     if VAL_BITS == 3:
         vp = p16[:, None] + (VAL_W + g3)[None, :]
@@ -440,8 +437,8 @@ def _v2_tile(cka, ckb, ckc, cva, cvb, cvc, ckn, cvs, cvz,
     l_i = l_i * alpha + tl.sum(p, axis=1)
 
     # ---- values: dot(w, idx - HALF), w = p * scale / max scale (fp16) ----
-    v_scale = _h16(cvs & 0xFFFF).to(tl.float32)
-    v_zero = _h16(cvz & 0xFFFF).to(tl.float32)
+    v_scale = _h16(cvs).to(tl.float32)
+    v_zero = _h16(cvz).to(tl.float32)
     s_max = tl.maximum(tl.max(v_scale, axis=0), 6e-8)
     w = (p * (v_scale / s_max)[None, :]).to(tl.float16)
     if VAL_BITS == 3:
