@@ -1,6 +1,7 @@
 """Profile / sweep helper for the TurboQuant verify kernel (GPU machine; torch + Triton only).
 
     python benchmarks/profile_turboquant.py sweep [--out DIR]     launch-config sweep, both cache layouts
+    python benchmarks/profile_turboquant.py grid SPEC.json                 configs x cases (see grid_mode)
     python benchmarks/profile_turboquant.py case PRESET B K [CFG_JSON] [--layout vllm|head]
                                                                   one case, a few launches (for ncu)
 
@@ -34,9 +35,12 @@ def run_case(preset, b, k, cfg, layout="vllm", hq=24, hk=4, ctx=32768, bw=None, 
     gen = torch.Generator().manual_seed(0)
     lay, _, view, bt = cache or BT.build_cache(preset, hk, ctx, b, gen, layout=layout)
     saved = dict(TV.V2_LAUNCH_DEFAULTS[preset])
+    saved_rules = TV.V2_SHAPE_RULES
     cfg = dict(cfg)
     call = {k: cfg.pop(k) for k in ("BLOCK_M", "num_kv_splits") if k in cfg}
     TV.V2_LAUNCH_DEFAULTS[preset] = {**saved, **cfg}
+    if cfg or call:  # an explicit config is timed as given; {} times what ships (table + shape rules)
+        TV.V2_SHAPE_RULES = {}
     try:
         k1 = k + 1
         cent = L.lloyd_max_centroids(D, lay.centroid_bits).cuda()
@@ -54,6 +58,7 @@ def run_case(preset, b, k, cfg, layout="vllm", hq=24, hk=4, ctx=32768, bw=None, 
         return t, pct, o.clone()
     finally:
         TV.V2_LAUNCH_DEFAULTS[preset] = saved
+        TV.V2_SHAPE_RULES = saved_rules
 
 
 def compiled_kernels(fn):
@@ -92,6 +97,43 @@ def sass_stats(k):
     return ops, sass
 
 
+def grid_mode(spec, bw, gen, outdir):
+    """spec: {"cases": [[preset, B, K, ctx], ...], "configs": {preset: [cfg, ...]}, "waves": [..]}.
+    Times every config of a preset on every case of it (the shipped table first) and checks each
+    output against the shipped config's (max relative difference)."""
+    lines = []
+    for case in spec["cases"]:
+        preset, b, k, ctx = case[:4]
+        hq, hk = case[4:6] if len(case) > 4 else (24, 4)
+        cache = BT.build_cache(preset, hk, ctx, b, gen, layout="vllm")
+        heads = dict(hq=hq, hk=hk, ctx=ctx, bw=bw, cache=cache)
+        t0, pct0, o0 = run_case(preset, b, k, {}, "vllm", **heads)
+        line = f"{preset} {hq}/{hk} B={b} K={k} ctx={ctx} shipped {t0:.4f} ms {pct0:.1f}%"
+        print(line, flush=True)
+        lines.append(line)
+        for cfg in spec["configs"].get(preset, []):
+            try:
+                t, pct, o = run_case(preset, b, k, cfg, "vllm", **heads)
+            except Exception as exc:  # noqa: BLE001
+                line = f"   fail {json.dumps(cfg)} {type(exc).__name__}: {str(exc)[:200]}"
+            else:
+                err = ((o.float() - o0.float()).abs().max() / o0.float().abs().max()).item()
+                line = f"   {json.dumps(cfg)} {t:.4f} ms {pct:.1f}% x{t0 / t:.2f} err {err:.1e}"
+            print(line, flush=True)
+            lines.append(line)
+        for waves in spec.get("waves", []):
+            TV.V2_SPLIT_WAVES, saved = waves, TV.V2_SPLIT_WAVES
+            t, pct, _ = run_case(preset, b, k, {}, "vllm", **heads)
+            TV.V2_SPLIT_WAVES = saved
+            line = f"   waves {waves} {t:.4f} ms x{t0 / t:.2f}"
+            print(line, flush=True)
+            lines.append(line)
+        del cache
+        torch.cuda.empty_cache()
+    with open(os.path.join(outdir, "grid.txt"), "w") as fh:
+        fh.write("\n".join(lines) + "\n")
+
+
 def main() -> None:
     mode = sys.argv[1]
     outdir = os.environ.get("OUT", "/tmp")
@@ -106,6 +148,9 @@ def main() -> None:
     print(f"device {torch.cuda.get_device_name()} bw {bw / 1e12:.2f} TB/s", flush=True)
     gen = torch.Generator().manual_seed(0)
     lines = []
+    if mode == "grid":
+        grid_mode(json.load(open(sys.argv[2])), bw, gen, outdir)
+        return
 
     def log(*a):
         s = " ".join(str(x) for x in a)

@@ -153,15 +153,32 @@ def test_portable_and_asm_dequant_agree(preset):
     saved = dict(TV.V2_LAUNCH_DEFAULTS[key])
     outs = []
     try:
-        for asm in (False, True):
-            TV.V2_LAUNCH_DEFAULTS[key] = {**saved, "FP8_ASM": asm, "NIB_ASM": asm}
-            torch.manual_seed(11)  # same queries for both paths
+        for asm, split in ((False, False), (True, False), (True, True)):
+            TV.V2_LAUNCH_DEFAULTS[key] = {**saved, "FP8_ASM": asm, "NIB_ASM": asm, "ASM_SPLIT": split}
+            torch.manual_seed(11)  # same queries for all paths
             out, ref, _ = run_both(preset, [7, 3000], 24, 4, 4, layout="vllm")
-            assert rel_err(out, ref) < 3e-3, asm
+            assert rel_err(out, ref) < 3e-3, (asm, split)
             outs.append(out)
     finally:
         TV.V2_LAUNCH_DEFAULTS[key] = saved
     assert rel_err(outs[1], outs[0]) < 1e-3
+    assert torch.equal(outs[2], outs[1])  # one position at a time: same conversions, same dots
+
+
+@pytest.mark.parametrize("num_reqs,k1", [(32, 1), (8, 4), (1, 6)])
+def test_shape_rule_launches_match_reference(num_reqs, k1):
+    """The launch settings picked by V2_SHAPE_RULES (plain decode over >= 128 programs: BLOCK_N 64,
+    ASM_SPLIT, maxnreg 168; small verify batches: BLOCK_N 64, 3 stages) give the reference."""
+    _need_cuda()
+    preset = "turboquant_k8v4"
+    rows = k1 * 6
+    m_chunks = -(-rows // 32)
+    cfg = TV.v2_launch_config(preset, num_reqs, 4, k1, m_chunks)
+    assert cfg != TV.V2_LAUNCH_DEFAULTS[preset], "shape rule did not fire"
+    lens = [k1 + (37 + 397 * i) % 5000 for i in range(num_reqs)]
+    out, ref, _ = run_both(preset, lens, 24, 4, k1, layout="vllm")
+    assert torch.isfinite(out).all()
+    assert rel_err(out, ref) < 3e-3
 
 
 @pytest.mark.parametrize("preset", ["turboquant_k8v4", "turboquant_3bit_nc"])

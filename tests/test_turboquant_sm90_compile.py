@@ -30,6 +30,8 @@ def aot():
     "preset,over,expect,absent",
     [
         ("turboquant_k8v4", {"FP8_ASM": True, "NIB_ASM": True, "BLOCK_N": 128}, ["F2FP.F16.E4M3.UNPACK_B", "HADD2"], []),
+        ("turboquant_k8v4", {"FP8_ASM": True, "NIB_ASM": True, "ASM_SPLIT": True, "BLOCK_N": 64, "K1": 1, "BLOCK_M": 16},
+         ["F2FP.F16.E4M3.UNPACK_B", "HADD2"], []),
         ("turboquant_k8v4", {"FP8_ASM": False, "NIB_ASM": False}, [], ["F2FP.F16.E4M3.UNPACK_B"]),
         ("turboquant_4bit_nc", {"NIB_ASM": True}, ["HADD2"], []),
         ("turboquant_3bit_nc", {"PREFETCH": True, "BLOCK_N": 32}, ["HMMA"], []),

@@ -177,3 +177,24 @@ def test_default_split_count_depends_only_on_shapes(tv):
 
 if __name__ == "__main__" and "--interp" in sys.argv:
     print(json.dumps(_interp_check()))
+
+
+def test_shape_rules_depend_on_shapes_only():
+    """V2_SHAPE_RULES: plain decode over >= 128 (request, KV head, chunk) programs and verify
+    batches of <= 8 programs get their measured settings; everything else keeps the table."""
+    from vllm_platform_ext.ops.turboquant import triton_verify as TV
+
+    base = TV.V2_LAUNCH_DEFAULTS["turboquant_k8v4"]
+    c = TV.v2_launch_config("turboquant_k8v4", 32, 4, 1, 1)
+    assert (c["BLOCK_N"], c["ASM_SPLIT"], c["maxnreg"]) == (64, True, 168)
+    assert TV.v2_launch_config("turboquant_k8v4", 31, 4, 1, 1) == base  # 124 programs
+    assert TV.v2_launch_config("turboquant_k8v4", 64, 4, 2, 1) == base  # verify, many programs
+    c = TV.v2_launch_config("turboquant_k8v4", 8, 4, 4, 1)  # 32 programs, K+1 = 4
+    assert (c["BLOCK_N"], c["num_stages"]) == (64, 3)
+    assert TV.v2_launch_config("turboquant_k8v4", 9, 4, 4, 1) == base  # 36 programs
+    assert TV.v2_launch_config("turboquant_k8v4", 8, 4, 6, 2) == base  # K = 5, 64 programs
+    assert TV.v2_launch_config("turboquant_k8v4", 1, 4, 6, 2)["num_stages"] == 3  # K = 5, 8 programs
+    assert TV.v2_launch_config("turboquant_k8v4", 1, 4, 1, 1) == base  # tiny plain decode
+    for preset in ("turboquant_4bit_nc", "turboquant_k3v4_nc", "turboquant_3bit_nc"):
+        assert TV.v2_launch_config(preset, 64, 4, 1, 1) == TV.V2_LAUNCH_DEFAULTS[preset]
+    assert TV.v2_launch_config("turboquant_k8v4", 32, 4, 1, 1) is not base  # the table is not mutated

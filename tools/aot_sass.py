@@ -5,6 +5,7 @@ bundled ptxas) and print registers, spills and a SASS opcode histogram.
 """
 import collections
 import json
+import os
 import re
 import subprocess
 import sys
@@ -25,7 +26,7 @@ def consts_for(preset, K1=4, G=6, BLOCK_N=64, **over):
     c = dict(G=G, BLOCK_M=bm, M_CHUNKS=triton.cdiv(rows, bm), D=256, PAGE=16, BLOCK_N=BLOCK_N,
              KEY_FP8=lay.key_fp8, KEY_W32=lay.key_fp8, KEY_BITS=lay.key_bits, NORM_W=lay.mse_bytes // 2,
              NORM_CORRECTION=lay.norm_correction, VAL_BITS=lay.value_bits, VAL_W=lay.key_packed_size // 2,
-             SZ_W=lay.scale_offset // 2, PREFETCH=False, FP8_ASM=False, NIB_ASM=False)
+             SZ_W=lay.scale_offset // 2, PREFETCH=False, FP8_ASM=False, NIB_ASM=False, ASM_SPLIT=False)
     c.update(over)
     return c
 
@@ -51,7 +52,10 @@ def compile_v2(consts, num_warps=4, num_stages=1, fn=None):
     attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names)
              if sig[n].startswith("*")}
     src = ASTSource(fn=fn, signature=sig, constexprs={k: v for k, v in consts.items() if k in fn.arg_names}, attrs=attrs)
-    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps, "num_stages": num_stages})
+    opts = {"num_warps": num_warps, "num_stages": num_stages}
+    if os.environ.get("MAXNREG"):
+        opts["maxnreg"] = int(os.environ["MAXNREG"])
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=opts)
 
 
 def stats(k):

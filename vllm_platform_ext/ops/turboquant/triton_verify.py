@@ -173,10 +173,17 @@ def _tq_verify_stage2(
     stride_on, stride_oh,
     NUM_SPLITS,
     D: tl.constexpr,
+    SPLIT4: tl.constexpr = False,
 ):
+    """Merges the split-KV partials. SPLIT4: partial column ``e * D/4 + j`` holds element ``4j + e``
+    (stage 1 stores each sub-tile contiguously: coalesced stores)."""
     r = tl.program_id(0)
     h = tl.program_id(1)
     d = tl.arange(0, D)
+    if SPLIT4:
+        col = (d % 4) * (D // 4) + d // 4
+    else:
+        col = d
     base = MID + r.to(tl.int64) * stride_mr + h.to(tl.int64) * stride_mh
     m = float("-inf")
     l = 0.0
@@ -184,7 +191,7 @@ def _tq_verify_stage2(
     for s in range(NUM_SPLITS):
         lse = tl.load(base + s * stride_ms + D)
         if lse > float("-inf"):
-            o = tl.load(base + s * stride_ms + d)
+            o = tl.load(base + s * stride_ms + col)
             m_new = tl.maximum(m, lse)
             a = tl.exp2(m - m_new)
             w = tl.exp2(lse - m_new)
@@ -279,6 +286,44 @@ def _nib4_f16_asm(h):
 
 
 @triton.jit
+def _fp8_pos_f16_asm(w, E: tl.constexpr):
+    """Byte ``E`` of int32 words of e4m3 keys -> fp16 (exact), one position only, so that a caller
+    that converts position by position next to its dot keeps one sub-tile live, not four.
+    The two words of a pair are packed by Triton as two int32 registers: ``pack=2`` hands the asm
+    one 64-bit pair, so the words go through ``prmt`` (bytes E of both) and one conversion."""
+    if E == 0:
+        SEL: tl.constexpr = "0x40"
+    elif E == 1:
+        SEL: tl.constexpr = "0x51"
+    elif E == 2:
+        SEL: tl.constexpr = "0x62"
+    else:
+        SEL: tl.constexpr = "0x73"
+    return tl.inline_asm_elementwise(
+        asm="{ .reg .b32 t; .reg .b16 lo, hi; prmt.b32 t, $1, $2, " + SEL + "; mov.b32 {lo, hi}, t; "
+            "cvt.rn.f16x2.e4m3x2 $0, lo; }",
+        constraints="=r,r,r", args=[w], dtype=tl.float16, is_pure=True, pack=2)
+
+
+@triton.jit
+def _nib_pos_f16_asm(h, E: tl.constexpr):
+    """Nibble ``E`` of int16 words -> fp16 ``nibble - 8`` (exact), one position only: a shift, a
+    ``lop3`` that builds 1024 + nibble and a packed subtraction of 1032 per two words."""
+    if E == 0:
+        SHIFT: tl.constexpr = "0"
+    elif E == 1:
+        SHIFT: tl.constexpr = "4"
+    elif E == 2:
+        SHIFT: tl.constexpr = "8"
+    else:
+        SHIFT: tl.constexpr = "12"
+    return tl.inline_asm_elementwise(
+        asm="{ .reg .b32 y, z, off; mov.b32 off, 0x64086408; shr.b32 y, $1, " + SHIFT + "; "
+            "lop3.b32 z, y, 0x000F000F, 0x64006400, 0xEA; sub.f16x2 $0, z, off; }",
+        constraints="=r,r", args=[h], dtype=tl.float16, is_pure=True, pack=2)
+
+
+@triton.jit
 def _unpack_3bit(h0, h1, h2, D: tl.constexpr, BLOCK_N: tl.constexpr):
     """3 halfwords (int32, sign-extended) per group of 16 -> ``[BLOCK_N, D]`` indices, natural order."""
     x = (h0.to(tl.int64) & 0xFFFF) | ((h1.to(tl.int64) & 0xFFFF) << 16) | ((h2.to(tl.int64) & 0xFFFF) << 32)
@@ -346,18 +391,6 @@ def _v2_load(KV16, KV32, bt_row, kv_off, stride_cb, stride_cp, start_n, end,
     vs = _ld(p16 + SZ_W, n_ok, MASKED).to(tl.int32)
     vz = _ld(p16 + (SZ_W + 1), n_ok, MASKED).to(tl.int32)
     return ka, kb, kc, va, vb, vc, kn, vs, vz
-    if VAL_BITS == 3:
-        vp = p16[:, None] + (VAL_W + g3)[None, :]
-        va = _ld(vp, okc, MASKED).to(tl.int32)
-        vb = _ld(vp + 1, okc, MASKED).to(tl.int32)
-        vc = _ld(vp + 2, okc, MASKED).to(tl.int32)
-    else:
-        va = _ld(p16[:, None] + (VAL_W + d4)[None, :], okc, MASKED).to(tl.int32)
-        vb = dummy
-        vc = dummy
-    vs = _ld(p16 + SZ_W, n_ok, MASKED).to(tl.int32)
-    vz = _ld(p16 + (SZ_W + 1), n_ok, MASKED).to(tl.int32)
-    return ka, kb, kc, va, vb, vc, kn, vs, vz
 
 
 @triton.jit
@@ -367,7 +400,7 @@ def _v2_tile(cka, ckb, ckc, cva, cvb, cvc, ckn, cvs, cvz,
              BLOCK_N: tl.constexpr, D: tl.constexpr,
              KEY_FP8: tl.constexpr, KEY_W32: tl.constexpr, KEY_BITS: tl.constexpr,
              NORM_CORRECTION: tl.constexpr, VAL_BITS: tl.constexpr,
-             FP8_ASM: tl.constexpr, NIB_ASM: tl.constexpr, MASKED: tl.constexpr):
+             FP8_ASM: tl.constexpr, NIB_ASM: tl.constexpr, ASM_SPLIT: tl.constexpr, MASKED: tl.constexpr):
     """One tile of the online softmax. The query already carries softmax scale * log2(e).
 
     Value accumulators are kept in units of ``c_i`` (the previous tile's largest value scale):
@@ -378,7 +411,12 @@ def _v2_tile(cka, ckb, ckc, cva, cvb, cvc, ckn, cvs, cvz,
     adds bias long contexts (measured: 1e-1 relative at 32K); the tile's product starts from zero.
     """
     # ---- scores ----
-    if KEY_FP8:
+    if KEY_FP8 and FP8_ASM and ASM_SPLIT:  # one byte position at a time, next to its dot
+        s = tl.dot(q0, tl.trans(_fp8_pos_f16_asm(cka, 0)))
+        s = tl.dot(q1, tl.trans(_fp8_pos_f16_asm(cka, 1)), s)
+        s = tl.dot(q2, tl.trans(_fp8_pos_f16_asm(cka, 2)), s)
+        s = tl.dot(q3, tl.trans(_fp8_pos_f16_asm(cka, 3)), s)
+    elif KEY_FP8:
         if FP8_ASM:
             k0, k1, k2, k3 = _fp8x4_f16_asm(cka)
         elif KEY_W32:
@@ -450,6 +488,12 @@ def _v2_tile(cka, ckb, ckc, cva, cvb, cvc, ckn, cvs, cvz,
     if VAL_BITS == 3:
         vt = _idx_f16(_unpack_3bit(cva, cvb, cvc, D, BLOCK_N), 7) - 1028.0
         acc0 = acc0 * f + tl.dot(w, vt)
+    elif NIB_ASM and ASM_SPLIT:
+        h = cva.to(tl.int16)
+        acc0 = acc0 * f + tl.dot(w, _nib_pos_f16_asm(h, 0))
+        acc1 = acc1 * f + tl.dot(w, _nib_pos_f16_asm(h, 1))
+        acc2 = acc2 * f + tl.dot(w, _nib_pos_f16_asm(h, 2))
+        acc3 = acc3 * f + tl.dot(w, _nib_pos_f16_asm(h, 3))
     else:
         if NIB_ASM:
             v0, v1, v2, v3 = _nib4_f16_asm(cva.to(tl.int16))
@@ -479,6 +523,7 @@ def _tq_verify_v2(
     KEY_FP8: tl.constexpr, KEY_W32: tl.constexpr, KEY_BITS: tl.constexpr, NORM_W: tl.constexpr,
     NORM_CORRECTION: tl.constexpr, VAL_BITS: tl.constexpr, VAL_W: tl.constexpr, SZ_W: tl.constexpr,
     PREFETCH: tl.constexpr, FP8_ASM: tl.constexpr = False, NIB_ASM: tl.constexpr = False,
+    ASM_SPLIT: tl.constexpr = False,
 ):
     """Field layout in 16-bit words of a slot: keys at 0 (fp8 bytes, or packed indices and the
     fp16 norm at NORM_W), value indices at VAL_W, fp16 scale/zero at SZ_W/SZ_W+1.
@@ -554,7 +599,7 @@ def _tq_verify_v2(
         m_i, l_i, c_i, r_i, acc0, acc1, acc2, acc3 = _v2_tile(
             cka, ckb, ckc, cva, cvb, cvc, ckn, cvs, cvz, q0, q1, q2, q3, CENT16, start_n, end, lim,
             m_i, l_i, c_i, r_i, acc0, acc1, acc2, acc3,
-            BLOCK_N, D, KEY_FP8, KEY_W32, KEY_BITS, NORM_CORRECTION, VAL_BITS, FP8_ASM, NIB_ASM, False)
+            BLOCK_N, D, KEY_FP8, KEY_W32, KEY_BITS, NORM_CORRECTION, VAL_BITS, FP8_ASM, NIB_ASM, ASM_SPLIT, False)
     for start_n in range(full_end, end, BLOCK_N):  # the causal tail and the split's partial tile
         cka, ckb, ckc, cva, cvb, cvc, ckn, cvs, cvz = _v2_load(KV16, KV32, bt_row, kv_off, stride_cb, stride_cp,
                                                                start_n, end, PAGE, BLOCK_N, D, KEY_FP8, KEY_W32,
@@ -562,7 +607,7 @@ def _tq_verify_v2(
         m_i, l_i, c_i, r_i, acc0, acc1, acc2, acc3 = _v2_tile(
             cka, ckb, ckc, cva, cvb, cvc, ckn, cvs, cvz, q0, q1, q2, q3, CENT16, start_n, end, lim,
             m_i, l_i, c_i, r_i, acc0, acc1, acc2, acc3,
-            BLOCK_N, D, KEY_FP8, KEY_W32, KEY_BITS, NORM_CORRECTION, VAL_BITS, FP8_ASM, NIB_ASM, True)
+            BLOCK_N, D, KEY_FP8, KEY_W32, KEY_BITS, NORM_CORRECTION, VAL_BITS, FP8_ASM, NIB_ASM, ASM_SPLIT, True)
 
     has = l_i > 0.0
     inv = 1.0 / tl.where(has, l_i, 1.0)
@@ -574,11 +619,11 @@ def _tq_verify_v2(
     if VAL_BITS == 3:
         tl.store(mid[:, None] + dn[None, :], acc0 * ci[:, None] + ri[:, None], mask=okr)
     else:
-        mp = mid[:, None] + 4 * d4[None, :]
+        mp = mid[:, None] + d4[None, :]  # sub-tile e at columns e*D/4 .. (stage 2: SPLIT4)
         tl.store(mp, acc0 * ci[:, None] + ri[:, None], mask=okr)
-        tl.store(mp + 1, acc1 * ci[:, None] + ri[:, None], mask=okr)
-        tl.store(mp + 2, acc2 * ci[:, None] + ri[:, None], mask=okr)
-        tl.store(mp + 3, acc3 * ci[:, None] + ri[:, None], mask=okr)
+        tl.store(mp + D // 4, acc1 * ci[:, None] + ri[:, None], mask=okr)
+        tl.store(mp + 2 * (D // 4), acc2 * ci[:, None] + ri[:, None], mask=okr)
+        tl.store(mp + 3 * (D // 4), acc3 * ci[:, None] + ri[:, None], mask=okr)
     tl.store(mid + D, lse2, mask=row_ok)
 
 # --------------------------------------------------------------------------------------
@@ -640,11 +685,13 @@ LAUNCH_DEFAULTS = {
 }
 
 
-def v2_num_kv_splits(num_reqs: int, num_kv_heads: int, m_chunks: int, device: torch.device, max_splits: int) -> int:
-    """Split count for the word-load kernel: ~V2_SPLIT_WAVES programs per SM (more programs in
-    flight hide the dependent block-table -> cache load latency); depends only on shapes."""
+def v2_num_kv_splits(num_reqs: int, num_kv_heads: int, m_chunks: int, device: torch.device, max_splits: int,
+                     waves: int | None = None) -> int:
+    """Split count for the word-load kernel: ~``waves`` (default V2_SPLIT_WAVES) programs per SM
+    (more programs in flight hide the dependent block-table -> cache load latency); depends only
+    on shapes."""
     progs = max(1, num_reqs * num_kv_heads * m_chunks)
-    want = triton.cdiv(V2_SPLIT_WAVES * _num_sms(device), progs)
+    want = triton.cdiv((waves or V2_SPLIT_WAVES) * _num_sms(device), progs)
     return int(max(1, min(max_splits, want)))
 
 
@@ -668,6 +715,41 @@ V2_LAUNCH_DEFAULTS = {
                            "MAX_BLOCK_M": 64, "WARPS_M64": 8},
     "turboquant_3bit_nc": {"BLOCK_N": 32, "num_warps": 4, "num_stages": 1, "PREFETCH": True, "MAX_BLOCK_M": 32},
 }
+
+
+# Shape rules on top of V2_LAUNCH_DEFAULTS, first match wins. They look at shapes only (number of
+# requests, K+1, KV heads, row chunks), never at sequence lengths, so a CUDA graph captured with
+# dummy lengths keeps the right choice. "programs" = requests x KV heads x row chunks.
+# Measured on an H200 (benchmarks/profile_turboquant.py grid, benchmarks/SWEEP_turboquant.txt):
+#  - plain decode with >= 128 programs: BLOCK_N 64, one dot's operand converted at a time
+#    (ASM_SPLIT) and at most 168 registers (3 programs per SM): 1.09-1.13x at B = 32/64, 4K and 32K;
+#  - small verify batches (<= 32 programs and K+1 <= 4, or <= 8 programs): BLOCK_N 64 with 3 stages:
+#    1.13-1.49x at 4K context and for one request; B = 8 at 32K loses 5-7% (K+1 = 2..4; K = 5 is
+#    left out: 0.82x at 32K). The split count cannot see the context length (CUDA graphs).
+V2_SHAPE_RULES = {
+    "turboquant_k8v4": [
+        {"k1": (1, 1), "programs": (128, None), "set": {"BLOCK_N": 64, "ASM_SPLIT": True, "maxnreg": 168}},
+        {"k1": (2, 4), "programs": (1, 32), "set": {"BLOCK_N": 64, "num_stages": 3}},
+        {"k1": (5, None), "programs": (1, 8), "set": {"BLOCK_N": 64, "num_stages": 3}},
+    ],
+}
+
+
+def v2_launch_config(preset: str, num_reqs: int, num_kv_heads: int, k1: int, m_chunks: int) -> dict:
+    """Launch settings of the word-load kernel for this shape: the preset's table entry with the
+    first matching V2_SHAPE_RULES entry applied."""
+    cfg = dict(V2_LAUNCH_DEFAULTS[preset])
+    progs = num_reqs * num_kv_heads * m_chunks
+
+    def within(x, bounds):
+        lo, hi = bounds
+        return x >= lo and (hi is None or x <= hi)
+
+    for rule in V2_SHAPE_RULES.get(preset, ()):
+        if within(k1, rule["k1"]) and within(progs, rule["programs"]):
+            cfg.update(rule["set"])
+            break
+    return cfg
 
 
 def _launch_config(rows: int, key_fp8: bool) -> dict:
@@ -764,7 +846,8 @@ def turboquant_verify_attention(
     m_chunks = triton.cdiv(rows, block_m)
     max_splits = workspace.max_kv_splits if workspace is not None else DEFAULT_MAX_KV_SPLITS
     if kv16 is not None:
-        splits = num_kv_splits or v2_num_kv_splits(b, hk, m_chunks, dev, max_splits)
+        v2 = v2_launch_config(preset, b, hk, k1, m_chunks)
+        splits = num_kv_splits or v2_num_kv_splits(b, hk, m_chunks, dev, max_splits, v2.get("SPLIT_WAVES"))
     else:
         splits = num_kv_splits or default_num_kv_splits(b, hk, m_chunks, dev, max_splits)
 
@@ -812,8 +895,9 @@ def turboquant_verify_attention(
             KEY_FP8=lay.key_fp8, KEY_W32=bool(lay.key_fp8 and kv32 is not None), KEY_BITS=lay.key_bits,
             NORM_W=lay.mse_bytes // 2, NORM_CORRECTION=lay.norm_correction, VAL_BITS=lay.value_bits,
             VAL_W=lay.key_packed_size // 2, SZ_W=lay.scale_offset // 2, PREFETCH=bool(v2["PREFETCH"]),
-            FP8_ASM=fp8_asm, NIB_ASM=nib_asm,
+            FP8_ASM=fp8_asm, NIB_ASM=nib_asm, ASM_SPLIT=bool(v2.get("ASM_SPLIT", False)),
             num_warps=num_warps or v2["num_warps"], num_stages=num_stages or v2["num_stages"],
+            **({"maxnreg": v2["maxnreg"]} if v2.get("maxnreg") and asm_ok else {}),
         )
     else:
         _launch_v1(q_in, kv_cache, block_table, seq_lens, cent, mid, scale, k1, splits, hq, hk, block_m, m_chunks,
@@ -824,6 +908,7 @@ def turboquant_verify_attention(
         out.stride(0), out.stride(1),
         splits,
         D=d,
+        SPLIT4=bool(kv16 is not None and lay.value_bits == 4),
         num_warps=4 if d >= 256 else 2,
     )
     return out
