@@ -1,7 +1,8 @@
 """Profile / sweep helper for the TurboQuant verify kernel (GPU machine; torch + Triton only).
 
     python benchmarks/profile_turboquant.py sweep [--out DIR]     launch-config sweep, both cache layouts
-    python benchmarks/profile_turboquant.py grid SPEC.json                 configs x cases (see grid_mode)
+    python benchmarks/profile_turboquant.py grid SPEC.json        configs x cases (see grid_mode;
+                                                                  the shape rules' grid: turboquant_grid_rules.json)
     python benchmarks/profile_turboquant.py case PRESET B K [CFG_JSON] [--layout vllm|head]
                                                                   one case, a few launches (for ncu)
 

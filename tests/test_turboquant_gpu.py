@@ -314,6 +314,12 @@ def _sanitize_sweep() -> None:
                 for cfg in ({}, {"BLOCK_N": 32, "GATHER": False}):
                     out, ref, _ = run_both(preset, [k1 + 40, 0, 300], hq, hk, k1, num_kv_splits=4, **cfg)
                     worst = max(worst, rel_err(out, ref))
+    # the shape-rule launches on vLLM's page layout: plain decode over 128 programs (BLOCK_N 64,
+    # ASM_SPLIT, maxnreg 168) and a small verify batch (BLOCK_N 64, 3 stages)
+    for n, k1 in ((32, 1), (8, 4)):
+        out, ref, _ = run_both("turboquant_k8v4", [k1 + (37 + 397 * i) % 3000 for i in range(n)], 24, 4, k1,
+                               layout="vllm")
+        worst = max(worst, rel_err(out, ref))
     torch.cuda.synchronize()
     print(f"sanitize sweep done, worst rel err {worst:.2e}")
     assert worst < 3e-3

@@ -1,6 +1,6 @@
 #!/bin/bash
 # Nsight Compute profile of the TurboQuant verify kernel (GPU machine). Writes one tarball to $OUT.
-#   bash tools/ncu_turboquant.sh "PRESET B K [CFG_JSON]" ...
+#   bash tools/ncu_turboquant.sh "PRESET B K [CFG_JSON without spaces]" ...
 set -u
 out=${OUT:-/tmp}/ncu; mkdir -p "$out"
 for c in "$@"; do
