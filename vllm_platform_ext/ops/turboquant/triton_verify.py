@@ -286,19 +286,11 @@ def _nib4_f16_asm(h):
 
 
 @triton.jit
-def _fp8_pos_f16_asm(w, E: tl.constexpr):
-    """Byte ``E`` of int32 words of e4m3 keys -> fp16 (exact), one position only, so that a caller
-    that converts position by position next to its dot keeps one sub-tile live, not four.
-    The two words of a pair are packed by Triton as two int32 registers: ``pack=2`` hands the asm
-    one 64-bit pair, so the words go through ``prmt`` (bytes E of both) and one conversion."""
-    if E == 0:
-        SEL: tl.constexpr = "0x40"
-    elif E == 1:
-        SEL: tl.constexpr = "0x51"
-    elif E == 2:
-        SEL: tl.constexpr = "0x62"
-    else:
-        SEL: tl.constexpr = "0x73"
+def _fp8_pos_f16_asm(w, SEL: tl.constexpr):
+    """One byte position of int32 words of e4m3 keys -> fp16 (exact), so that a caller converting
+    position by position next to each dot keeps one sub-tile live, not four. ``pack=2`` hands the
+    asm two words; ``SEL`` is the ``prmt`` selector that gathers byte e of both ("0x40", "0x51",
+    "0x62", "0x73" for e = 0..3), then one ``cvt.rn.f16x2.e4m3x2``."""
     return tl.inline_asm_elementwise(
         asm="{ .reg .b32 t; .reg .b16 lo, hi; prmt.b32 t, $1, $2, " + SEL + "; mov.b32 {lo, hi}, t; "
             "cvt.rn.f16x2.e4m3x2 $0, lo; }",
@@ -306,17 +298,10 @@ def _fp8_pos_f16_asm(w, E: tl.constexpr):
 
 
 @triton.jit
-def _nib_pos_f16_asm(h, E: tl.constexpr):
-    """Nibble ``E`` of int16 words -> fp16 ``nibble - 8`` (exact), one position only: a shift, a
-    ``lop3`` that builds 1024 + nibble and a packed subtraction of 1032 per two words."""
-    if E == 0:
-        SHIFT: tl.constexpr = "0"
-    elif E == 1:
-        SHIFT: tl.constexpr = "4"
-    elif E == 2:
-        SHIFT: tl.constexpr = "8"
-    else:
-        SHIFT: tl.constexpr = "12"
+def _nib_pos_f16_asm(h, SHIFT: tl.constexpr):
+    """One nibble position of int16 words -> fp16 ``nibble - 8`` (exact). ``SHIFT`` ("0", "4", "8",
+    "12") selects the nibble: a shift, a ``lop3`` that builds 1024 + nibble and a packed
+    subtraction of 1032 per two words."""
     return tl.inline_asm_elementwise(
         asm="{ .reg .b32 y, z, off; mov.b32 off, 0x64086408; shr.b32 y, $1, " + SHIFT + "; "
             "lop3.b32 z, y, 0x000F000F, 0x64006400, 0xEA; sub.f16x2 $0, z, off; }",
@@ -412,10 +397,10 @@ def _v2_tile(cka, ckb, ckc, cva, cvb, cvc, ckn, cvs, cvz,
     """
     # ---- scores ----
     if KEY_FP8 and FP8_ASM and ASM_SPLIT:  # one byte position at a time, next to its dot
-        s = tl.dot(q0, tl.trans(_fp8_pos_f16_asm(cka, 0)))
-        s = tl.dot(q1, tl.trans(_fp8_pos_f16_asm(cka, 1)), s)
-        s = tl.dot(q2, tl.trans(_fp8_pos_f16_asm(cka, 2)), s)
-        s = tl.dot(q3, tl.trans(_fp8_pos_f16_asm(cka, 3)), s)
+        s = tl.dot(q0, tl.trans(_fp8_pos_f16_asm(cka, "0x40")))
+        s = tl.dot(q1, tl.trans(_fp8_pos_f16_asm(cka, "0x51")), s)
+        s = tl.dot(q2, tl.trans(_fp8_pos_f16_asm(cka, "0x62")), s)
+        s = tl.dot(q3, tl.trans(_fp8_pos_f16_asm(cka, "0x73")), s)
     elif KEY_FP8:
         if FP8_ASM:
             k0, k1, k2, k3 = _fp8x4_f16_asm(cka)
@@ -490,10 +475,10 @@ def _v2_tile(cka, ckb, ckc, cva, cvb, cvc, ckn, cvs, cvz,
         acc0 = acc0 * f + tl.dot(w, vt)
     elif NIB_ASM and ASM_SPLIT:
         h = cva.to(tl.int16)
-        acc0 = acc0 * f + tl.dot(w, _nib_pos_f16_asm(h, 0))
-        acc1 = acc1 * f + tl.dot(w, _nib_pos_f16_asm(h, 1))
-        acc2 = acc2 * f + tl.dot(w, _nib_pos_f16_asm(h, 2))
-        acc3 = acc3 * f + tl.dot(w, _nib_pos_f16_asm(h, 3))
+        acc0 = acc0 * f + tl.dot(w, _nib_pos_f16_asm(h, "0"))
+        acc1 = acc1 * f + tl.dot(w, _nib_pos_f16_asm(h, "4"))
+        acc2 = acc2 * f + tl.dot(w, _nib_pos_f16_asm(h, "8"))
+        acc3 = acc3 * f + tl.dot(w, _nib_pos_f16_asm(h, "12"))
     else:
         if NIB_ASM:
             v0, v1, v2, v3 = _nib4_f16_asm(cva.to(tl.int16))
