@@ -825,13 +825,13 @@ def turboquant_verify_attention(
     rows = k1 * (hq // hk)
     cfg = _launch_config(rows, lay.key_fp8)
     kv16, kv32 = _word_views(kv_cache) if (USE_V2 and d >= 64) else (None, None)
-    v2 = dict(V2_LAUNCH_DEFAULTS[preset]) if kv16 is not None else {}
-    block_m = BLOCK_M or min(cfg["BLOCK_M"], v2.get("MAX_BLOCK_M", 64))
+    max_block_m = V2_LAUNCH_DEFAULTS[preset].get("MAX_BLOCK_M", 64) if kv16 is not None else 64
+    block_m = BLOCK_M or min(cfg["BLOCK_M"], max_block_m)
     block_n = BLOCK_N or cfg["BLOCK_N"]
     m_chunks = triton.cdiv(rows, block_m)
     max_splits = workspace.max_kv_splits if workspace is not None else DEFAULT_MAX_KV_SPLITS
+    v2 = v2_launch_config(preset, b, hk, k1, m_chunks) if kv16 is not None else {}
     if kv16 is not None:
-        v2 = v2_launch_config(preset, b, hk, k1, m_chunks)
         splits = num_kv_splits or v2_num_kv_splits(b, hk, m_chunks, dev, max_splits, v2.get("SPLIT_WAVES"))
     else:
         splits = num_kv_splits or default_num_kv_splits(b, hk, m_chunks, dev, max_splits)
