@@ -175,7 +175,9 @@ def main() -> None:
     if args.out:
         with open(args.out, "w") as f:
             f.write(f"device: {torch.cuda.get_device_name()}, copy bandwidth {bw / 1e12:.2f} TB/s, "
-                    f"torch {torch.__version__}, triton {triton.__version__}, v2 launch table {json.dumps(TV.V2_LAUNCH_DEFAULTS)}, shape rules {json.dumps(TV.V2_SHAPE_RULES)}\n\n{table}\n")
+                    f"torch {torch.__version__}, triton {triton.__version__}, v2 launch table {json.dumps(TV.V2_LAUNCH_DEFAULTS)}, shape rules {json.dumps(TV.V2_SHAPE_RULES)}, "
+                    f"Gluon kernel (k8v4, SM >= 8.9) {json.dumps(TV.GLUON_LAUNCH_DEFAULTS) if TV.USE_GLUON else 'off'}, "
+                    f"rules {json.dumps(TV.GLUON_SHAPE_RULES)}\n\n{table}\n")
         with open(os.path.splitext(args.out)[0] + ".json", "w") as f:
             json.dump({"bw": bw, "rows": rows}, f)
 

@@ -2,7 +2,8 @@
 
     python benchmarks/profile_turboquant.py sweep [--out DIR]     launch-config sweep, both cache layouts
     python benchmarks/profile_turboquant.py grid SPEC.json        configs x cases (see grid_mode;
-                                                                  the shape rules' grid: turboquant_grid_rules.json)
+                                                                  the shape rules' grid: turboquant_grid_rules.json,
+                                                                  the Gluon kernel's: turboquant_grid_gluon.json)
     python benchmarks/profile_turboquant.py case PRESET B K [CFG_JSON] [--layout vllm|head]
                                                                   one case, a few launches (for ncu)
 
@@ -37,11 +38,18 @@ def run_case(preset, b, k, cfg, layout="vllm", hq=24, hk=4, ctx=32768, bw=None, 
     lay, _, view, bt = cache or BT.build_cache(preset, hk, ctx, b, gen, layout=layout)
     saved = dict(TV.V2_LAUNCH_DEFAULTS[preset])
     saved_rules = TV.V2_SHAPE_RULES
+    saved_g = (dict(TV.GLUON_LAUNCH_DEFAULTS), TV.GLUON_SHAPE_RULES, TV.USE_GLUON)
     cfg = dict(cfg)
     call = {k: cfg.pop(k) for k in ("BLOCK_M", "num_kv_splits") if k in cfg}
-    TV.V2_LAUNCH_DEFAULTS[preset] = {**saved, **cfg}
-    if cfg or call:  # an explicit config is timed as given; {} times what ships (table + shape rules)
+    gluon = cfg.pop("GLUON", None)
+    if gluon:  # {"GLUON": true, ...}: the Gluon kernel with these settings
+        TV.GLUON_LAUNCH_DEFAULTS[preset] = {**TV.GLUON_LAUNCH_DEFAULTS.get(preset, {}), **cfg}
+        TV.GLUON_SHAPE_RULES = {}
+    else:
+        TV.V2_LAUNCH_DEFAULTS[preset] = {**saved, **cfg}
+    if cfg or call or gluon is not None:  # an explicit config is timed as given; {} times what ships
         TV.V2_SHAPE_RULES = {}
+        TV.USE_GLUON = bool(gluon)
     try:
         k1 = k + 1
         cent = L.lloyd_max_centroids(D, lay.centroid_bits).cuda()
@@ -60,6 +68,7 @@ def run_case(preset, b, k, cfg, layout="vllm", hq=24, hk=4, ctx=32768, bw=None, 
     finally:
         TV.V2_LAUNCH_DEFAULTS[preset] = saved
         TV.V2_SHAPE_RULES = saved_rules
+        TV.GLUON_LAUNCH_DEFAULTS, TV.GLUON_SHAPE_RULES, TV.USE_GLUON = saved_g
 
 
 def compiled_kernels(fn):

@@ -152,6 +152,7 @@ def test_portable_and_asm_dequant_agree(preset):
     key = preset
     saved = dict(TV.V2_LAUNCH_DEFAULTS[key])
     outs = []
+    TV.USE_GLUON = False  # k8v4 would otherwise take the Gluon kernel
     try:
         for asm, split in ((False, False), (True, False), (True, True)):
             TV.V2_LAUNCH_DEFAULTS[key] = {**saved, "FP8_ASM": asm, "NIB_ASM": asm, "ASM_SPLIT": split}
@@ -159,10 +160,42 @@ def test_portable_and_asm_dequant_agree(preset):
             out, ref, _ = run_both(preset, [7, 3000], 24, 4, 4, layout="vllm")
             assert rel_err(out, ref) < 3e-3, (asm, split)
             outs.append(out)
+            assert TV.LAST_KERNEL == "v2"
     finally:
         TV.V2_LAUNCH_DEFAULTS[key] = saved
+        TV.USE_GLUON = True
     assert rel_err(outs[1], outs[0]) < 1e-3
     assert torch.equal(outs[2], outs[1])  # one position at a time: same conversions, same dots
+
+
+@pytest.mark.parametrize("layout", ["vllm", "head"])
+@pytest.mark.parametrize("heads", [(24, 4), (16, 2)])
+@pytest.mark.parametrize("k1,warps", [(1, (1, 4)), (4, (1, 4)), (4, (2, 2)), (6, (1, 4))])
+@pytest.mark.parametrize("block_n,stages", [(64, 2), (128, 3)])
+def test_gluon_k8v4_matches_reference(layout, heads, k1, warps, block_n, stages):
+    """The explicit-layout (Gluon) k8v4 kernel: masked tails, split-KV, row chunks (K+1 = 6:
+    36 rows in two chunks of 32), a padding request and rows that see nothing give zeros."""
+    _need_cuda()
+    from vllm_platform_ext.ops.turboquant import gluon_verify as GV
+
+    if not GV.AVAILABLE or torch.cuda.get_device_capability() < (8, 9):
+        pytest.skip("needs Triton with Gluon and SM >= 8.9")
+    preset = "turboquant_k8v4"
+    saved, saved_rules = dict(TV.GLUON_LAUNCH_DEFAULTS[preset]), TV.GLUON_SHAPE_RULES
+    TV.GLUON_LAUNCH_DEFAULTS[preset] = {"BLOCK_N": block_n, "num_stages": stages, "WM": warps[0], "WN": warps[1]}
+    TV.GLUON_SHAPE_RULES = {}
+    try:
+        hq, hk = heads
+        lens = [k1 + 3, 0, 700, 4096 + k1, 2]
+        out, ref, _ = run_both(preset, lens, hq, hk, k1, layout=layout, num_kv_splits=3)
+        assert TV.LAST_KERNEL == "gluon_k8v4"
+    finally:
+        TV.GLUON_LAUNCH_DEFAULTS[preset], TV.GLUON_SHAPE_RULES = saved, saved_rules
+    assert torch.isfinite(out).all()
+    assert rel_err(out, ref) < 3e-3
+    assert out[k1:2 * k1].abs().max().item() == 0.0  # padding request (length 0)
+    if k1 > 2:  # the request of length 2: its first K+1-2 rows see no position
+        assert out[4 * k1:5 * k1 - 2].abs().max().item() == 0.0
 
 
 @pytest.mark.parametrize("num_reqs,k1", [(32, 1), (8, 4), (1, 6)])
@@ -176,7 +209,12 @@ def test_shape_rule_launches_match_reference(num_reqs, k1):
     cfg = TV.v2_launch_config(preset, num_reqs, 4, k1, m_chunks)
     assert cfg != TV.V2_LAUNCH_DEFAULTS[preset], "shape rule did not fire"
     lens = [k1 + (37 + 397 * i) % 5000 for i in range(num_reqs)]
-    out, ref, _ = run_both(preset, lens, 24, 4, k1, layout="vllm")
+    TV.USE_GLUON = False  # the v2 kernel's rules (k8v4 would otherwise take the Gluon kernel)
+    try:
+        out, ref, _ = run_both(preset, lens, 24, 4, k1, layout="vllm")
+        assert TV.LAST_KERNEL == "v2"
+    finally:
+        TV.USE_GLUON = True
     assert torch.isfinite(out).all()
     assert rel_err(out, ref) < 3e-3
 
@@ -314,12 +352,16 @@ def _sanitize_sweep() -> None:
                 for cfg in ({}, {"BLOCK_N": 32, "GATHER": False}):
                     out, ref, _ = run_both(preset, [k1 + 40, 0, 300], hq, hk, k1, num_kv_splits=4, **cfg)
                     worst = max(worst, rel_err(out, ref))
-    # the shape-rule launches on vLLM's page layout: plain decode over 128 programs (BLOCK_N 64,
+    # vLLM's page layout, k8v4 through the Gluon kernel (what ships: maxnreg 168 at >= 128 programs)
+    # and through the v2 kernel's shape-rule launches: plain decode over 128 programs (BLOCK_N 64,
     # ASM_SPLIT, maxnreg 168) and a small verify batch (BLOCK_N 64, 3 stages)
-    for n, k1 in ((32, 1), (8, 4)):
-        out, ref, _ = run_both("turboquant_k8v4", [k1 + (37 + 397 * i) % 3000 for i in range(n)], 24, 4, k1,
-                               layout="vllm")
-        worst = max(worst, rel_err(out, ref))
+    for use_gluon in (True, False):
+        TV.USE_GLUON = use_gluon
+        for n, k1 in ((32, 1), (8, 4), (32, 4)):
+            out, ref, _ = run_both("turboquant_k8v4", [k1 + (37 + 397 * i) % 3000 for i in range(n)], 24, 4, k1,
+                                   layout="vllm")
+            worst = max(worst, rel_err(out, ref))
+    TV.USE_GLUON = True
     torch.cuda.synchronize()
     print(f"sanitize sweep done, worst rel err {worst:.2e}")
     assert worst < 3e-3

@@ -197,6 +197,31 @@ def test_shape_rules_depend_on_shapes_only():
     assert TV.v2_launch_config("turboquant_k8v4", 32, 4, 1, 1) is not base  # the table is not mutated
 
 
+def test_gluon_rules_and_fallback():
+    """GLUON_SHAPE_RULES: >= 128 programs cap the registers at 168; only k8v4 has a Gluon entry;
+    USE_GLUON = False turns it off; under the interpreter (and where Triton has no Gluon) the v2
+    kernel runs, so the CPU interpreter tests above exercise v2 for every preset."""
+    from vllm_platform_ext.ops.turboquant import triton_verify as TV
+
+    base = TV.GLUON_LAUNCH_DEFAULTS["turboquant_k8v4"]
+    assert TV.gluon_launch_config("turboquant_k8v4", 32, 4, 4, 1)["maxnreg"] == 168  # 128 programs
+    assert TV.gluon_launch_config("turboquant_k8v4", 31, 4, 4, 1) == base  # 124 programs
+    assert TV.gluon_launch_config("turboquant_k8v4", 8, 4, 6, 2) == base  # 64 programs
+    assert TV.gluon_launch_config("turboquant_k8v4", 64, 4, 1, 1) is not base  # the table is not mutated
+    for preset in ("turboquant_4bit_nc", "turboquant_k3v4_nc", "turboquant_3bit_nc"):
+        assert TV.gluon_launch_config(preset, 64, 4, 4, 1) is None
+    TV.USE_GLUON = False
+    try:
+        assert TV.gluon_launch_config("turboquant_k8v4", 64, 4, 4, 1) is None
+    finally:
+        TV.USE_GLUON = True
+    os.environ["TRITON_INTERPRET"] = "1"
+    try:
+        assert not TV._gluon_ok()
+    finally:
+        del os.environ["TRITON_INTERPRET"]
+
+
 if __name__ == "__main__" and "--interp" in sys.argv:
     print(json.dumps(_interp_check()))
 

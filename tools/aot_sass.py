@@ -49,8 +49,9 @@ def compile_v2(consts, num_warps=4, num_stages=1, fn=None):
             sig[name] = "fp32"
         else:
             sig[name] = "i32"
+    # pointers and the query strides are multiples of 16 at run time (Triton specializes them)
     attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names)
-             if sig[n].startswith("*")}
+             if sig[n].startswith("*") or n in ("stride_qn", "stride_qh")}
     src = ASTSource(fn=fn, signature=sig, constexprs={k: v for k, v in consts.items() if k in fn.arg_names}, attrs=attrs)
     opts = {"num_warps": num_warps, "num_stages": num_stages}
     if os.environ.get("MAXNREG"):

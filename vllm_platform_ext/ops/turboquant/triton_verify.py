@@ -682,6 +682,7 @@ def v2_num_kv_splits(num_reqs: int, num_kv_heads: int, m_chunks: int, device: to
 
 # v2 kernel (word loads): per key type
 USE_V2 = True
+LAST_KERNEL = ""  # which stage-1 kernel the last call launched: "gluon_k8v4", "v2" or "v1" (tests, profiling)
 V2_SPLIT_WAVES = 4
 V2_LAUNCH_DEFAULTS = {
     # Per preset, measured best on an H200 (B=64, K=3, 32K context, 24/4 heads, vLLM's page layout;
@@ -720,21 +721,48 @@ V2_SHAPE_RULES = {
 }
 
 
-def v2_launch_config(preset: str, num_reqs: int, num_kv_heads: int, k1: int, m_chunks: int) -> dict:
-    """Launch settings of the word-load kernel for this shape: the preset's table entry with the
-    first matching V2_SHAPE_RULES entry applied."""
-    cfg = dict(V2_LAUNCH_DEFAULTS[preset])
+# Explicit-layout (Gluon) kernel, gluon_verify.py: where Triton has Gluon and the GPU converts fp8 in
+# hardware (SM >= 8.9), these presets take it instead of the v2 kernel. Measured on an H200 against
+# the v2 kernel with its shape rules (benchmarks/RESULTS_turboquant.md): 1.04-1.40x on every
+# k8v4 shape tried. WM x WN: warps along the rows (16 each, at most BLOCK_M/16) x along positions.
+USE_GLUON = True
+GLUON_LAUNCH_DEFAULTS = {
+    "turboquant_k8v4": {"BLOCK_N": 64, "num_stages": 2, "WM": 1, "WN": 4},
+}
+# >= 128 programs: at most 168 registers (3 programs per SM): 1.05-1.09x over the unbounded
+# allocation at B = 64 (K = 0, 3, 5; 24/4 and 16/2 heads); one request or 8 lose up to 10% with it.
+GLUON_SHAPE_RULES = {
+    "turboquant_k8v4": [{"k1": (1, None), "programs": (128, None), "set": {"maxnreg": 168}}],
+}
+
+
+def _apply_rules(cfg: dict, rules, num_reqs: int, num_kv_heads: int, k1: int, m_chunks: int) -> dict:
     progs = num_reqs * num_kv_heads * m_chunks
 
     def within(x, bounds):
         lo, hi = bounds
         return x >= lo and (hi is None or x <= hi)
 
-    for rule in V2_SHAPE_RULES.get(preset, ()):
+    for rule in rules:
         if within(k1, rule["k1"]) and within(progs, rule["programs"]):
             cfg.update(rule["set"])
             break
     return cfg
+
+
+def gluon_launch_config(preset: str, num_reqs: int, num_kv_heads: int, k1: int, m_chunks: int) -> dict | None:
+    """Launch settings of the Gluon kernel for this shape, or None when the preset has none."""
+    if not USE_GLUON or preset not in GLUON_LAUNCH_DEFAULTS:
+        return None
+    return _apply_rules(dict(GLUON_LAUNCH_DEFAULTS[preset]), GLUON_SHAPE_RULES.get(preset, ()), num_reqs,
+                        num_kv_heads, k1, m_chunks)
+
+
+def v2_launch_config(preset: str, num_reqs: int, num_kv_heads: int, k1: int, m_chunks: int) -> dict:
+    """Launch settings of the word-load kernel for this shape: the preset's table entry with the
+    first matching V2_SHAPE_RULES entry applied."""
+    return _apply_rules(dict(V2_LAUNCH_DEFAULTS[preset]), V2_SHAPE_RULES.get(preset, ()), num_reqs, num_kv_heads,
+                        k1, m_chunks)
 
 
 def _launch_config(rows: int, key_fp8: bool) -> dict:
@@ -867,6 +895,35 @@ def turboquant_verify_attention(
                        and torch.cuda.get_device_capability(dev) >= (8, 9))
         nib_asm = bool(v2.get("NIB_ASM", False) and asm_ok and lay.value_bits == 4)
         key_scale = 1.0 if (not lay.key_fp8 or fp8_e4b15 or fp8_asm) else 256.0
+        gcfg = gluon_launch_config(preset, b, hk, k1, m_chunks)
+        use_gluon = bool(gcfg is not None and asm_ok and lay.key_fp8 and kv32 is not None and not fp8_e4b15
+                         and torch.cuda.get_device_capability(dev) >= (8, 9) and d == 256 and lay.value_bits == 4
+                         and _gluon_ok())
+    global LAST_KERNEL
+    if kv16 is not None and use_gluon:
+        from vllm_platform_ext.ops.turboquant import gluon_verify as GV
+
+        LAST_KERNEL = "gluon_k8v4"
+        # fp16 query scaled by softmax scale * log2(e) (fp8 keys converted exactly by cvt), sub-tile e
+        # (head dim elements 4j+e) at columns e*D/4: the kernel keeps it in shared memory
+        q16 = (q_in.float() * (float(scale) * _LOG2E)).to(torch.float16)
+        q16 = q16.view(n, hq, d // 4, 4).transpose(2, 3).reshape(n, hq, d)
+        wm = min(gcfg["WM"], block_m // 16)  # warps along the rows (16 each) x along the positions
+        wn = gcfg["WN"]
+        GV._tq_verify_gluon_k8v4[(hk * m_chunks, b, splits)](
+            q16, kv32, block_table, seq_lens, mid,
+            q16.stride(0), q16.stride(1),
+            kv32.stride(0), kv32.stride(1), kv32.stride(2),
+            block_table.stride(0),
+            mid.stride(0), mid.stride(1), mid.stride(2),
+            k1, splits,
+            G=hq // hk, BLOCK_M=block_m, M_CHUNKS=m_chunks, PAGE=kv_cache.shape[1], BLOCK_N=BLOCK_N or gcfg["BLOCK_N"],
+            VAL_W32=lay.key_packed_size // 4, SZ_W32=lay.scale_offset // 4, WM=wm, WN=wn,
+            STAGES=num_stages or gcfg["num_stages"], num_warps=wm * wn,
+            **({"maxnreg": gcfg["maxnreg"]} if gcfg.get("maxnreg") else {}),
+        )
+    elif kv16 is not None:
+        LAST_KERNEL = "v2"
         _tq_verify_v2[(hk * m_chunks, b, splits)](
             q_in, kv16, kv32 if (lay.key_fp8 and kv32 is not None) else kv16, block_table, seq_lens, cent16, mid,
             q_in.stride(0), q_in.stride(1),
@@ -885,6 +942,7 @@ def turboquant_verify_attention(
             **({"maxnreg": v2["maxnreg"]} if v2.get("maxnreg") and asm_ok else {}),
         )
     else:
+        LAST_KERNEL = "v1"
         _launch_v1(q_in, kv_cache, block_table, seq_lens, cent, mid, scale, k1, splits, hq, hk, block_m, m_chunks,
                    d, block_n, lay, fp8_e4b15, cfg, GATHER, num_warps, num_stages)
     _tq_verify_stage2[(n, hq)](
@@ -917,6 +975,15 @@ def _word_views(kv_cache: torch.Tensor):
     except RuntimeError:
         kv32 = None
     return kv16, kv32
+
+
+def _gluon_ok() -> bool:
+    """Triton here has Gluon (and we are not under the interpreter, which cannot run it)."""
+    try:
+        from vllm_platform_ext.ops.turboquant import gluon_verify as GV
+    except Exception:  # noqa: BLE001
+        return False
+    return GV.AVAILABLE and not _interpreting()
 
 
 def _interpreting() -> bool:
