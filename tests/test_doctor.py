@@ -27,12 +27,18 @@ def test_doctor_json_sections():
     names = {(e["step"], e["name"]): e["status"] for e in info["bootstrap"]["entries"]}
     assert names[("patch", "gdn.cpu_spec_decode")] == "applied"
     assert {r["op"] for r in info["ops"]} >= {"gdn.causal_conv1d_update", "gdn.recurrent_gated_delta_rule"}
+    # which TurboQuant verify kernel each preset takes: here (no GPU) k8v4 names its SM condition
+    tq = {r[0]: (r[1], r[2]) for r in info["turboquant_kernels"]}
+    assert set(tq) == {"turboquant_k8v4", "turboquant_4bit_nc", "turboquant_k3v4_nc", "turboquant_3bit_nc"}
+    assert tq["turboquant_3bit_nc"] == ("v2", "no Gluon kernel for this preset")
+    assert tq["turboquant_k8v4"][0] in ("gluon_k8v4 on SM >= 8.9", "v2")
 
 
 def test_doctor_text_and_disabled_patch_shows_reason():
     proc = _doctor(env={"VLLM_PLATFORM_EXT_DISABLE": "gdn.cpu_spec_decode"})
     assert proc.returncode == 0, proc.stderr[-3000:]
-    for heading in ("== platform", "== versions", "== entry points", "== bootstrap", "== op dispatch"):
+    for heading in ("== platform", "== versions", "== entry points", "== bootstrap", "== op dispatch",
+                    "== TurboQuant verify kernel per preset"):
         assert heading in proc.stdout
     line = [l for l in proc.stdout.splitlines() if "gdn.cpu_spec_decode" in l and "patch" in l][0]
     assert "[skipped]" in line and "disabled by VLLM_PLATFORM_EXT_DISABLE" in line

@@ -171,10 +171,11 @@ def test_portable_and_asm_dequant_agree(preset):
 @pytest.mark.parametrize("layout", ["vllm", "head"])
 @pytest.mark.parametrize("heads", [(24, 4), (16, 2)])
 @pytest.mark.parametrize("k1,warps", [(1, (1, 4)), (4, (1, 4)), (4, (2, 2)), (6, (1, 4))])
-@pytest.mark.parametrize("block_n,stages", [(64, 2), (128, 3)])
-def test_gluon_k8v4_matches_reference(layout, heads, k1, warps, block_n, stages):
+@pytest.mark.parametrize("block_n,stages,max_bm", [(64, 1, 32), (64, 2, 64), (128, 3, 32)])
+def test_gluon_k8v4_matches_reference(layout, heads, k1, warps, block_n, stages, max_bm):
     """The explicit-layout (Gluon) k8v4 kernel: masked tails, split-KV, row chunks (K+1 = 6:
-    36 rows in two chunks of 32), a padding request and rows that see nothing give zeros."""
+    36 rows in two chunks of 32, or one of 64), one to three cp.async stages, a padding request and
+    rows that see nothing give zeros."""
     _need_cuda()
     from vllm_platform_ext.ops.turboquant import gluon_verify as GV
 
@@ -182,7 +183,8 @@ def test_gluon_k8v4_matches_reference(layout, heads, k1, warps, block_n, stages)
         pytest.skip("needs Triton with Gluon and SM >= 8.9")
     preset = "turboquant_k8v4"
     saved, saved_rules = dict(TV.GLUON_LAUNCH_DEFAULTS[preset]), TV.GLUON_SHAPE_RULES
-    TV.GLUON_LAUNCH_DEFAULTS[preset] = {"BLOCK_N": block_n, "num_stages": stages, "WM": warps[0], "WN": warps[1]}
+    TV.GLUON_LAUNCH_DEFAULTS[preset] = {"BLOCK_N": block_n, "num_stages": stages, "WM": warps[0], "WN": warps[1],
+                                        "MAX_BLOCK_M": max_bm}
     TV.GLUON_SHAPE_RULES = {}
     try:
         hq, hk = heads

@@ -60,7 +60,7 @@ def test_gluon_k8v4_compiles_for_sm90(aot):
     import aot_gluon  # tools/
 
     for over in ({"BLOCK_M": 32, "WM": 1, "WN": 4}, {"BLOCK_M": 16, "WM": 1, "WN": 4}):
-        c = dict(G=6, M_CHUNKS=1, PAGE=16, BLOCK_N=64, VAL_W32=64, SZ_W32=96, STAGES=2, **over)
+        c = dict(G=6, M_CHUNKS=1, PAGE=16, BLOCK_N=64, VAL_W32=64, SZ_W32=96, STAGES=1, **over)
         k = aot_gluon.compile_gluon(c, maxnreg=168)
         ops, sass, res = aot.stats(k)
         for ins in ("F2FP.F16.E4M3.UNPACK_B", "HADD2", "HMMA", "LDGSTS", "LDSM.16.MT88"):

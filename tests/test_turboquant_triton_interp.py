@@ -58,6 +58,7 @@ def _cases_v2():
         ("turboquant_k8v4", 1, 2, "float16", {"BLOCK_N": 16, "PREFETCH": False}),
         ("turboquant_3bit_nc", 2, 6, "float16", {"BLOCK_N": 32, "PREFETCH": False}),
         ("turboquant_4bit_nc", 6, 6, "float32", {"BLOCK_M": 16, "BLOCK_N": 16}),  # 36 rows in 3 row chunks
+        ("turboquant_k8v4", 4, 6, "float32", {"BLOCK_N": 32, "gluon": False}),  # MetaX's config key
         # vLLM's own page layout (positions of one head Hk slots apart), unmasked + masked tiles
         ("turboquant_k8v4", 4, 3, "float32", {"BLOCK_N": 16, "layout": "vllm"}),
         ("turboquant_4bit_nc", 2, 3, "float16", {"BLOCK_N": 32, "layout": "vllm"}),
@@ -198,15 +199,20 @@ def test_shape_rules_depend_on_shapes_only():
 
 
 def test_gluon_rules_and_fallback():
-    """GLUON_SHAPE_RULES: >= 128 programs cap the registers at 168; only k8v4 has a Gluon entry;
+    """GLUON_SHAPE_RULES: one stage with at most 168 registers by default; <= 8 programs (one
+    request) two stages uncapped; K+1 >= 5 one 64-row program; only k8v4 has a Gluon entry;
     USE_GLUON = False turns it off; under the interpreter (and where Triton has no Gluon) the v2
     kernel runs, so the CPU interpreter tests above exercise v2 for every preset."""
     from vllm_platform_ext.ops.turboquant import triton_verify as TV
 
     base = TV.GLUON_LAUNCH_DEFAULTS["turboquant_k8v4"]
-    assert TV.gluon_launch_config("turboquant_k8v4", 32, 4, 4, 1)["maxnreg"] == 168  # 128 programs
-    assert TV.gluon_launch_config("turboquant_k8v4", 31, 4, 4, 1) == base  # 124 programs
-    assert TV.gluon_launch_config("turboquant_k8v4", 8, 4, 6, 2) == base  # 64 programs
+    assert (base["num_stages"], base["maxnreg"], base["MAX_BLOCK_M"]) == (1, 168, 32)
+    assert TV.gluon_launch_config("turboquant_k8v4", 64, 4, 4, 1) == base  # 256 programs, K = 3
+    assert TV.gluon_launch_config("turboquant_k8v4", 8, 4, 1, 1) == base  # 32 programs, K = 0
+    c = TV.gluon_launch_config("turboquant_k8v4", 1, 4, 4, 1)  # 4 programs
+    assert (c["num_stages"], c["maxnreg"], c["MAX_BLOCK_M"]) == (2, None, 32)
+    c = TV.gluon_launch_config("turboquant_k8v4", 8, 4, 6, 2)  # K = 5, 64 programs
+    assert (c["num_stages"], c["maxnreg"], c["MAX_BLOCK_M"]) == (2, None, 64)
     assert TV.gluon_launch_config("turboquant_k8v4", 64, 4, 1, 1) is not base  # the table is not mutated
     for preset in ("turboquant_4bit_nc", "turboquant_k3v4_nc", "turboquant_3bit_nc"):
         assert TV.gluon_launch_config(preset, 64, 4, 4, 1) is None
@@ -215,6 +221,10 @@ def test_gluon_rules_and_fallback():
         assert TV.gluon_launch_config("turboquant_k8v4", 64, 4, 4, 1) is None
     finally:
         TV.USE_GLUON = True
+    from vllm_platform_ext.ops import turboquant as tq_ops
+
+    maca = [o for o in tq_ops.OPS if o.platform == "maca"][0]
+    assert maca.config["gluon"] is False  # NVIDIA PTX inside: MetaX keeps the Triton kernel
     os.environ["TRITON_INTERPRET"] = "1"
     try:
         assert not TV._gluon_ok()

@@ -86,6 +86,12 @@ def _optional_sections() -> dict:
     except Exception as exc:
         out["launch_policy"] = f"unavailable: {type(exc).__name__}: {exc}"
     try:
+        from vllm_platform_ext.ops.turboquant import triton_verify as tq
+
+        out["turboquant_kernels"] = [list(r) for r in tq.describe_kernels()]
+    except Exception as exc:
+        out["turboquant_kernels"] = f"unavailable: {type(exc).__name__}: {exc}"
+    try:
         from vllm_platform_ext import platform as maca
 
         if hasattr(maca, "env_defaults"):
@@ -126,6 +132,10 @@ def _print_doctor(info: dict) -> None:
         section("launch policy per platform")
         for plat, rule in info["launch_policy"]:
             print(f"  {plat:5} {rule}")
+    if isinstance(info.get("turboquant_kernels"), list):
+        section("TurboQuant verify kernel per preset (head dim 256)")
+        for preset, kernel, why in info["turboquant_kernels"]:
+            print(f"  {preset:20} {kernel:24} {why}")
     section(f"op dispatch (this process: {info['op_platform']})")
     for r in info["ops"]:
         cfg = ", ".join(f"{k}={v}" for k, v in r["config"].items())

@@ -15,6 +15,8 @@ Imports only torch and Triton; :data:`AVAILABLE` is False where Triton has no Gl
 """
 from __future__ import annotations
 
+from vllm_platform_ext.ops.turboquant import ptx
+
 try:
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
@@ -27,6 +29,8 @@ try:
     _barrier = gl.barrier if hasattr(gl, "barrier") else gl.thread_barrier
     # shared-memory reinterpretation: ``reinterpret`` in newer Gluon, ``_reinterpret`` in 3.6
     _NEW_REINTERPRET = gl.constexpr(hasattr(gl.shared_memory_descriptor, "reinterpret"))
+    _FP8_POS_0, _FP8_POS_1 = gl.constexpr(ptx.FP8_POS[0]), gl.constexpr(ptx.FP8_POS[1])
+    _NIB_POS_0, _NIB_POS_1 = gl.constexpr(ptx.NIB_POS[0]), gl.constexpr(ptx.NIB_POS[1])
     AVAILABLE = True
 except ImportError:  # pragma: no cover - depends on the Triton build
     AVAILABLE = False
@@ -35,19 +39,15 @@ if AVAILABLE:
 
     @gluon.jit
     def _fp8_pos(w, SEL: gl.constexpr):
-        # byte position SEL of two e4m3 key words -> two fp16 (exact)
-        return gl.inline_asm_elementwise(
-            asm="{ .reg .b32 t; .reg .b16 lo, hi; prmt.b32 t, $1, $2, " + SEL + "; mov.b32 {lo, hi}, t; "
-                "cvt.rn.f16x2.e4m3x2 $0, lo; }",
-            constraints="=r,r,r", args=[w], dtype=gl.float16, is_pure=True, pack=2)
+        # byte position SEL of two e4m3 key words -> two fp16 (exact; ptx.FP8_POS)
+        return gl.inline_asm_elementwise(asm=_FP8_POS_0 + SEL + _FP8_POS_1, constraints="=r,r,r", args=[w],
+                                         dtype=gl.float16, is_pure=True, pack=2)
 
     @gluon.jit
     def _nib_pos(h, SHIFT: gl.constexpr):
-        # nibble position SHIFT of two int16 value words -> two fp16 ``nibble - 8`` (exact)
-        return gl.inline_asm_elementwise(
-            asm="{ .reg .b32 y, z, off; mov.b32 off, 0x64086408; shr.b32 y, $1, " + SHIFT + "; "
-                "lop3.b32 z, y, 0x000F000F, 0x64006400, 0xEA; sub.f16x2 $0, z, off; }",
-            constraints="=r,r", args=[h], dtype=gl.float16, is_pure=True, pack=2)
+        # nibble position SHIFT of two int16 value words -> two fp16 ``nibble - 8`` (exact; ptx.NIB_POS)
+        return gl.inline_asm_elementwise(asm=_NIB_POS_0 + SHIFT + _NIB_POS_1, constraints="=r,r", args=[h],
+                                         dtype=gl.float16, is_pure=True, pack=2)
 
     @gluon.jit
     def _add2(a0, a1, b0, b1):

@@ -25,9 +25,12 @@ import torch
 import triton
 import triton.language as tl
 
+from vllm_platform_ext.ops.turboquant import ptx
 from vllm_platform_ext.ops.turboquant.layout import layout_for
 
 DEFAULT_MAX_KV_SPLITS = 32
+_FP8_POS_0, _FP8_POS_1 = tl.constexpr(ptx.FP8_POS[0]), tl.constexpr(ptx.FP8_POS[1])
+_NIB_POS_0, _NIB_POS_1 = tl.constexpr(ptx.NIB_POS[0]), tl.constexpr(ptx.NIB_POS[1])
 _LOG2E = 1.4426950408889634
 
 
@@ -292,8 +295,7 @@ def _fp8_pos_f16_asm(w, SEL: tl.constexpr):
     asm two words; ``SEL`` is the ``prmt`` selector that gathers byte e of both ("0x40", "0x51",
     "0x62", "0x73" for e = 0..3), then one ``cvt.rn.f16x2.e4m3x2``."""
     return tl.inline_asm_elementwise(
-        asm="{ .reg .b32 t; .reg .b16 lo, hi; prmt.b32 t, $1, $2, " + SEL + "; mov.b32 {lo, hi}, t; "
-            "cvt.rn.f16x2.e4m3x2 $0, lo; }",
+        asm=_FP8_POS_0 + SEL + _FP8_POS_1,
         constraints="=r,r,r", args=[w], dtype=tl.float16, is_pure=True, pack=2)
 
 
@@ -303,8 +305,7 @@ def _nib_pos_f16_asm(h, SHIFT: tl.constexpr):
     "12") selects the nibble: a shift, a ``lop3`` that builds 1024 + nibble and a packed
     subtraction of 1032 per two words."""
     return tl.inline_asm_elementwise(
-        asm="{ .reg .b32 y, z, off; mov.b32 off, 0x64086408; shr.b32 y, $1, " + SHIFT + "; "
-            "lop3.b32 z, y, 0x000F000F, 0x64006400, 0xEA; sub.f16x2 $0, z, off; }",
+        asm=_NIB_POS_0 + SHIFT + _NIB_POS_1,
         constraints="=r,r", args=[h], dtype=tl.float16, is_pure=True, pack=2)
 
 
@@ -722,17 +723,25 @@ V2_SHAPE_RULES = {
 
 
 # Explicit-layout (Gluon) kernel, gluon_verify.py: where Triton has Gluon and the GPU converts fp8 in
-# hardware (SM >= 8.9), these presets take it instead of the v2 kernel. Measured on an H200 against
-# the v2 kernel with its shape rules (benchmarks/RESULTS_turboquant.md): 1.04-1.40x on every
-# k8v4 shape tried. WM x WN: warps along the rows (16 each, at most BLOCK_M/16) x along positions.
+# hardware (SM >= 8.9), these presets take it instead of the v2 kernel. Measured on an H200
+# (benchmarks/profile_turboquant.py grid turboquant_grid_gluon*.json, RESULTS_turboquant.md):
+# one cp.async stage and at most 168 registers (3 programs per SM) is the fastest setting almost
+# everywhere (B = 64, K = 3, 32K, 24/4: 1.83 ms vs 2.09 ms with two stages, 2.44 ms for v2; plain
+# decode 1.46 ms, 52% of the HBM bound). WM x WN: warps along the rows (16 each, at most
+# BLOCK_M/16) x along the positions. MAX_BLOCK_M: query rows per program (more go to row chunks).
 USE_GLUON = True
 GLUON_LAUNCH_DEFAULTS = {
-    "turboquant_k8v4": {"BLOCK_N": 64, "num_stages": 2, "WM": 1, "WN": 4},
+    "turboquant_k8v4": {"BLOCK_N": 64, "num_stages": 1, "WM": 1, "WN": 4, "maxnreg": 168, "MAX_BLOCK_M": 32},
 }
-# >= 128 programs: at most 168 registers (3 programs per SM): 1.05-1.09x over the unbounded
-# allocation at B = 64 (K = 0, 3, 5; 24/4 and 16/2 heads); one request or 8 lose up to 10% with it.
+# First match wins; shapes only (see V2_SHAPE_RULES). Programs counted with 32-row chunks.
+#  - <= 8 programs (one request): two stages, no register cap: 1.08x over the default (B = 1, K = 3);
+#  - K+1 >= 5 (36+ rows): all rows in one 64-row program instead of two 32-row chunks (each chunk
+#    re-reads the tile), two stages: 1.10x at B = 64, 1.20x at B = 8 (32K), equal at B = 8 (4K).
 GLUON_SHAPE_RULES = {
-    "turboquant_k8v4": [{"k1": (1, None), "programs": (128, None), "set": {"maxnreg": 168}}],
+    "turboquant_k8v4": [
+        {"k1": (1, None), "programs": (1, 8), "set": {"num_stages": 2, "maxnreg": None}},
+        {"k1": (5, None), "programs": (1, None), "set": {"MAX_BLOCK_M": 64, "num_stages": 2, "maxnreg": None}},
+    ],
 }
 
 
@@ -794,6 +803,7 @@ def turboquant_verify_attention(
     num_warps: int | None = None,
     num_stages: int | None = None,
     GATHER: bool | None = None,
+    gluon: bool | None = None,
 ) -> torch.Tensor:
     """Attention of a uniform K+1 batch over a TurboQuant cache.
 
@@ -802,6 +812,7 @@ def turboquant_verify_attention(
     ``int32[>=B, max_blocks]``; seq_lens ``int32[B]`` (context length including the K+1 new
     tokens, which must already be stored). Returns ``[B*(K+1), Hq, D]`` in query dtype
     (written into ``out`` when given). ``num_query_per_req = 1`` is plain decode.
+    ``gluon=False`` keeps k8v4 on the Triton kernel (None: the Gluon kernel where it can run).
     """
     if query.dim() != 3:
         raise ValueError(f"query must be [tokens, num_q_heads, head_dim], got shape {tuple(query.shape)}")
@@ -854,13 +865,19 @@ def turboquant_verify_attention(
     cfg = _launch_config(rows, lay.key_fp8)
     kv16, kv32 = _word_views(kv_cache) if (USE_V2 and d >= 64) else (None, None)
     max_block_m = V2_LAUNCH_DEFAULTS[preset].get("MAX_BLOCK_M", 64) if kv16 is not None else 64
+    gcfg = None
+    if kv16 is not None and gluon is not False and _gluon_usable(lay, kv32, bool(fp8_e4b15), dev, d):
+        gcfg = gluon_launch_config(preset, b, hk, k1, triton.cdiv(rows, min(cfg["BLOCK_M"], 32)))
+        if gcfg is not None:
+            max_block_m = gcfg.get("MAX_BLOCK_M", max_block_m)
     block_m = BLOCK_M or min(cfg["BLOCK_M"], max_block_m)
     block_n = BLOCK_N or cfg["BLOCK_N"]
     m_chunks = triton.cdiv(rows, block_m)
     max_splits = workspace.max_kv_splits if workspace is not None else DEFAULT_MAX_KV_SPLITS
     v2 = v2_launch_config(preset, b, hk, k1, m_chunks) if kv16 is not None else {}
     if kv16 is not None:
-        splits = num_kv_splits or v2_num_kv_splits(b, hk, m_chunks, dev, max_splits, v2.get("SPLIT_WAVES"))
+        waves = (gcfg or v2).get("SPLIT_WAVES")
+        splits = num_kv_splits or v2_num_kv_splits(b, hk, m_chunks, dev, max_splits, waves)
     else:
         splits = num_kv_splits or default_num_kv_splits(b, hk, m_chunks, dev, max_splits)
 
@@ -895,10 +912,7 @@ def turboquant_verify_attention(
                        and torch.cuda.get_device_capability(dev) >= (8, 9))
         nib_asm = bool(v2.get("NIB_ASM", False) and asm_ok and lay.value_bits == 4)
         key_scale = 1.0 if (not lay.key_fp8 or fp8_e4b15 or fp8_asm) else 256.0
-        gcfg = gluon_launch_config(preset, b, hk, k1, m_chunks)
-        use_gluon = bool(gcfg is not None and asm_ok and lay.key_fp8 and kv32 is not None and not fp8_e4b15
-                         and torch.cuda.get_device_capability(dev) >= (8, 9) and d == 256 and lay.value_bits == 4
-                         and _gluon_ok())
+        use_gluon = gcfg is not None
     global LAST_KERNEL
     if kv16 is not None and use_gluon:
         from vllm_platform_ext.ops.turboquant import gluon_verify as GV
@@ -975,6 +989,38 @@ def _word_views(kv_cache: torch.Tensor):
     except RuntimeError:
         kv32 = None
     return kv16, kv32
+
+
+def describe_kernels() -> list[tuple[str, str, str]]:
+    """(preset, stage-1 kernel a head-dim-256 call on this process's GPU takes, why) for doctor.
+    Per call the slots' alignment and the fp8 flavour can still send k8v4 to the v2 kernel."""
+    try:
+        from vllm_platform_ext.ops.turboquant import gluon_verify as GV
+
+        has_gluon = GV.AVAILABLE
+    except Exception:  # noqa: BLE001
+        has_gluon = False
+    cap = torch.cuda.get_device_capability() if torch.cuda.is_available() else None
+    rows = []
+    for preset in V2_LAUNCH_DEFAULTS:
+        if not (USE_GLUON and preset in GLUON_LAUNCH_DEFAULTS):
+            rows.append((preset, "v2", "no Gluon kernel for this preset" if USE_GLUON else "USE_GLUON is off"))
+        elif not has_gluon:
+            rows.append((preset, "v2", "this Triton has no Gluon"))
+        elif cap is None:
+            rows.append((preset, "gluon_k8v4 on SM >= 8.9", "no CUDA device in this process"))
+        elif cap < (8, 9):
+            rows.append((preset, "v2", f"SM {cap[0]}.{cap[1]} < 8.9: no hardware fp8 conversion"))
+        else:
+            rows.append((preset, "gluon_k8v4", f"Gluon, SM {cap[0]}.{cap[1]}; e4b15 keys or 2-byte-aligned slots: v2"))
+    return rows
+
+
+def _gluon_usable(lay, kv32, fp8_e4b15: bool, dev: torch.device, d: int) -> bool:
+    """The Gluon kernel can serve this call: fp8 (e4nv) keys with 4-byte-aligned slots, 4-bit
+    values, head dim 256, a CUDA GPU of SM >= 8.9 (hardware fp8 conversion), Gluon present."""
+    return bool(lay.key_fp8 and lay.value_bits == 4 and d == 256 and kv32 is not None and not fp8_e4b15
+                and dev.type == "cuda" and _gluon_ok() and torch.cuda.get_device_capability(dev) >= (8, 9))
 
 
 def _gluon_ok() -> bool:
