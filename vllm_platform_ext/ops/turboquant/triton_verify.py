@@ -912,9 +912,8 @@ def turboquant_verify_attention(
                        and torch.cuda.get_device_capability(dev) >= (8, 9))
         nib_asm = bool(v2.get("NIB_ASM", False) and asm_ok and lay.value_bits == 4)
         key_scale = 1.0 if (not lay.key_fp8 or fp8_e4b15 or fp8_asm) else 256.0
-        use_gluon = gcfg is not None
     global LAST_KERNEL
-    if kv16 is not None and use_gluon:
+    if gcfg is not None:  # (only set with the word views)
         from vllm_platform_ext.ops.turboquant import gluon_verify as GV
 
         LAST_KERNEL = "gluon_k8v4"
@@ -994,12 +993,7 @@ def _word_views(kv_cache: torch.Tensor):
 def describe_kernels() -> list[tuple[str, str, str]]:
     """(preset, stage-1 kernel a head-dim-256 call on this process's GPU takes, why) for doctor.
     Per call the slots' alignment and the fp8 flavour can still send k8v4 to the v2 kernel."""
-    try:
-        from vllm_platform_ext.ops.turboquant import gluon_verify as GV
-
-        has_gluon = GV.AVAILABLE
-    except Exception:  # noqa: BLE001
-        has_gluon = False
+    has_gluon = _gluon_available()
     cap = torch.cuda.get_device_capability() if torch.cuda.is_available() else None
     rows = []
     for preset in V2_LAUNCH_DEFAULTS:
@@ -1023,13 +1017,18 @@ def _gluon_usable(lay, kv32, fp8_e4b15: bool, dev: torch.device, d: int) -> bool
                 and dev.type == "cuda" and _gluon_ok() and torch.cuda.get_device_capability(dev) >= (8, 9))
 
 
-def _gluon_ok() -> bool:
-    """Triton here has Gluon (and we are not under the interpreter, which cannot run it)."""
+def _gluon_available() -> bool:
+    """This Triton has Gluon (gluon_verify imports and defines its kernel)."""
     try:
         from vllm_platform_ext.ops.turboquant import gluon_verify as GV
     except Exception:  # noqa: BLE001
         return False
-    return GV.AVAILABLE and not _interpreting()
+    return GV.AVAILABLE
+
+
+def _gluon_ok() -> bool:
+    """Gluon is here and we are not under the interpreter, which cannot run it."""
+    return _gluon_available() and not _interpreting()
 
 
 def _interpreting() -> bool:
