@@ -1,7 +1,7 @@
 """Compile the Gluon k8v4 verify kernel for sm_90 without a GPU; print registers, spills and
 a SASS opcode histogram (Triton with Gluon, e.g. the GPU machine's 3.6).
 
-    python tools/aot_gluon.py '{"BLOCK_M": 32, "BLOCK_N": 64, "WM": 2, "WN": 2, "STAGES": 2}' [--sass]
+    python tools/aot_gluon.py '{"BLOCK_M": 32, "BLOCK_N": 64, "WM": 1, "WN": 4, "STAGES": 1}' [--sass]
 """
 import json
 import os
@@ -19,22 +19,8 @@ from vllm_platform_ext.ops.turboquant import gluon_verify as GV  # noqa: E402
 
 def compile_gluon(consts, maxnreg=None):
     fn = GV._tq_verify_gluon_k8v4
-    sig = {}
-    for name in fn.arg_names:
-        if name in consts:
-            sig[name] = "constexpr"
-        elif name == "Q16":
-            sig[name] = "*fp16"
-        elif name in ("KV32", "BT", "SEQ"):
-            sig[name] = "*i32"
-        elif name == "MID":
-            sig[name] = "*fp32"
-        else:
-            sig[name] = "i32"
-    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names)
-             if sig[n].startswith("*") or n in ("stride_qn", "stride_qh")}
-    src = GluonASTSource(fn=fn, signature=sig, constexprs={k: v for k, v in consts.items() if k in fn.arg_names},
-                         attrs=attrs)
+    sig, constexprs, attrs = A.signature(fn, consts)
+    src = GluonASTSource(fn=fn, signature=sig, constexprs=constexprs, attrs=attrs)
     opts = {"num_warps": consts["WM"] * consts["WN"]}
     if maxnreg:
         opts["maxnreg"] = maxnreg
@@ -42,7 +28,7 @@ def compile_gluon(consts, maxnreg=None):
 
 
 if __name__ == "__main__":
-    c = dict(G=6, BLOCK_M=32, M_CHUNKS=1, PAGE=16, BLOCK_N=64, VAL_W32=64, SZ_W32=96, WM=2, WN=2, STAGES=2)
+    c = dict(G=6, BLOCK_M=32, M_CHUNKS=1, PAGE=16, BLOCK_N=64, VAL_W32=64, SZ_W32=96, WM=1, WN=4, STAGES=1)
     if len(sys.argv) > 1 and not sys.argv[1].startswith("--"):
         c.update(json.loads(sys.argv[1]))
     k = compile_gluon(c, int(os.environ["MAXNREG"]) if os.environ.get("MAXNREG") else None)

@@ -31,28 +31,24 @@ def consts_for(preset, K1=4, G=6, BLOCK_N=64, **over):
     return c
 
 
-def compile_v2(consts, num_warps=4, num_stages=1, fn=None):
-    fn = fn or TV._tq_verify_v2
-    sig = {}
-    for name in fn.arg_names:
-        if name in consts:
-            sig[name] = "constexpr"
-        elif name in ("Q", "CENT16"):
-            sig[name] = "*fp16"
-        elif name in ("KV16",):
-            sig[name] = "*i16"
-        elif name in ("KV32", "BT", "SEQ"):
-            sig[name] = "*i32"
-        elif name == "MID":
-            sig[name] = "*fp32"
-        elif name == "qk_scale":
-            sig[name] = "fp32"
-        else:
-            sig[name] = "i32"
-    # pointers and the query strides are multiples of 16 at run time (Triton specializes them)
+_ARG_TYPES = {"Q": "*fp16", "Q16": "*fp16", "CENT16": "*fp16", "KV16": "*i16", "KV32": "*i32", "BT": "*i32",
+              "SEQ": "*i32", "MID": "*fp32", "qk_scale": "fp32"}
+
+
+def signature(fn, consts):
+    """Triton signature, constexprs and divisibility attrs of a verify kernel (v2 or Gluon): names
+    in ``consts`` are constexpr, the rest typed by name (i32 by default); pointers and the query
+    strides are multiples of 16 at run time (Triton specializes them)."""
+    sig = {n: "constexpr" if n in consts else _ARG_TYPES.get(n, "i32") for n in fn.arg_names}
     attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names)
              if sig[n].startswith("*") or n in ("stride_qn", "stride_qh")}
-    src = ASTSource(fn=fn, signature=sig, constexprs={k: v for k, v in consts.items() if k in fn.arg_names}, attrs=attrs)
+    return sig, {k: v for k, v in consts.items() if k in fn.arg_names}, attrs
+
+
+def compile_v2(consts, num_warps=4, num_stages=1, fn=None):
+    fn = fn or TV._tq_verify_v2
+    sig, constexprs, attrs = signature(fn, consts)
+    src = ASTSource(fn=fn, signature=sig, constexprs=constexprs, attrs=attrs)
     opts = {"num_warps": num_warps, "num_stages": num_stages}
     if os.environ.get("MAXNREG"):
         opts["maxnreg"] = int(os.environ["MAXNREG"])
