@@ -200,6 +200,56 @@ def test_gluon_k8v4_matches_reference(layout, heads, k1, warps, block_n, stages,
         assert out[4 * k1:5 * k1 - 2].abs().max().item() == 0.0
 
 
+MSE_PRESETS = ["turboquant_4bit_nc", "turboquant_k3v4_nc", "turboquant_3bit_nc"]
+
+
+@pytest.mark.parametrize("preset", MSE_PRESETS)
+@pytest.mark.parametrize("layout", ["vllm", "head"])
+@pytest.mark.parametrize("heads", [(24, 4), (16, 2)])
+@pytest.mark.parametrize("k1,cfg", [
+    (1, {}), (4, {}), (4, {"PREFETCH": True}), (6, {"MAX_BLOCK_M": 64}), (4, {"BLOCK_N": 32, "WM": 2, "WN": 2}),
+    (2, {"maxnreg": None, "BLOCK_N": 128}),
+])
+def test_gluon_mse_matches_reference(preset, layout, heads, k1, cfg):
+    """The explicit-layout kernel on the MSE presets: 2-byte-aligned slots (every other row starts
+    mid-word), codebook lookups by byte permutes, norm correction, 3-bit fields widened to nibbles;
+    masked tails, split-KV, row chunks, a padding request and rows that see nothing give zeros."""
+    _need_cuda()
+    from vllm_platform_ext.ops.turboquant import gluon_verify as GV
+
+    if not GV.AVAILABLE:
+        pytest.skip("needs Triton with Gluon")
+    saved, saved_rules = dict(TV.GLUON_LAUNCH_DEFAULTS[preset]), TV.GLUON_SHAPE_RULES
+    TV.GLUON_LAUNCH_DEFAULTS[preset] = {**saved, **cfg}
+    TV.GLUON_SHAPE_RULES = {}
+    try:
+        hq, hk = heads
+        lens = [k1 + 3, 0, 700, 4096 + k1, 2]
+        out, ref, _ = run_both(preset, lens, hq, hk, k1, layout=layout, num_kv_splits=3)
+        assert TV.LAST_KERNEL == "gluon_mse"
+    finally:
+        TV.GLUON_LAUNCH_DEFAULTS[preset], TV.GLUON_SHAPE_RULES = saved, saved_rules
+    assert torch.isfinite(out).all()
+    assert rel_err(out, ref) < 3e-3
+    assert out[k1:2 * k1].abs().max().item() == 0.0  # padding request (length 0)
+    if k1 > 2:  # the request of length 2: its first K+1-2 rows see no position
+        assert out[4 * k1:5 * k1 - 2].abs().max().item() == 0.0
+
+
+@pytest.mark.parametrize("preset", MSE_PRESETS)
+def test_gluon_mse_and_v2_agree(preset):
+    """Same cache and queries through the Gluon kernel and the v2 Triton kernel (independent
+    dequant paths: byte-permute lookups vs centroid gathers, sum of squares vs Gram diagonal)."""
+    _need_cuda()
+    torch.manual_seed(5)
+    out_g, ref, (q, view, bt, sl, args) = run_both(preset, [5, 3000, 777], 24, 4, 4, layout="vllm")
+    assert TV.LAST_KERNEL == "gluon_mse"
+    out_v = TV.turboquant_verify_attention(q, view, bt, sl, 4, **args, gluon=False)
+    assert TV.LAST_KERNEL == "v2"
+    assert rel_err(out_g, ref) < 3e-3 and rel_err(out_v, ref) < 3e-3
+    assert rel_err(out_g, out_v) < 3e-3
+
+
 @pytest.mark.parametrize("num_reqs,k1", [(32, 1), (8, 4), (1, 6)])
 def test_shape_rule_launches_match_reference(num_reqs, k1):
     """The launch settings picked by V2_SHAPE_RULES (plain decode over >= 128 programs: BLOCK_N 64,
@@ -364,6 +414,17 @@ def _sanitize_sweep() -> None:
                                    layout="vllm")
             worst = max(worst, rel_err(out, ref))
     TV.USE_GLUON = True
+    # the MSE presets through the Gluon kernel in vLLM's page layout (odd rows start mid-word),
+    # shipped settings and the variants the tests cover (prefetch, 64-row programs, BLOCK_N 32/128)
+    for preset in ("turboquant_4bit_nc", "turboquant_k3v4_nc", "turboquant_3bit_nc"):
+        saved = dict(TV.GLUON_LAUNCH_DEFAULTS[preset])
+        for k1, cfg in ((1, {}), (4, {"PREFETCH": True}), (6, {"MAX_BLOCK_M": 64}), (4, {"BLOCK_N": 32}),
+                        (2, {"BLOCK_N": 128, "maxnreg": None})):
+            TV.GLUON_LAUNCH_DEFAULTS[preset] = {**saved, **cfg}
+            out, ref, _ = run_both(preset, [k1 + (37 + 397 * i) % 3000 for i in range(9)], 24, 4, k1, layout="vllm")
+            assert TV.LAST_KERNEL == "gluon_mse"
+            worst = max(worst, rel_err(out, ref))
+        TV.GLUON_LAUNCH_DEFAULTS[preset] = saved
     torch.cuda.synchronize()
     print(f"sanitize sweep done, worst rel err {worst:.2e}")
     assert worst < 3e-3

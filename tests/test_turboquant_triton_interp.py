@@ -200,8 +200,8 @@ def test_shape_rules_depend_on_shapes_only():
 
 def test_gluon_rules_and_fallback():
     """GLUON_SHAPE_RULES: one stage with at most 168 registers by default; <= 8 programs (one
-    request) two stages uncapped; K+1 >= 5 one 64-row program; only k8v4 has a Gluon entry;
-    USE_GLUON = False turns it off; under the interpreter (and where Triton has no Gluon) the v2
+    request) two stages uncapped; K+1 >= 5 one 64-row program; the MSE presets have their own
+    one-buffer entries; USE_GLUON = False turns it off; under the interpreter (and where Triton has no Gluon) the v2
     kernel runs, so the CPU interpreter tests above exercise v2 for every preset."""
     from vllm_platform_ext.ops.turboquant import triton_verify as TV
 
@@ -215,7 +215,9 @@ def test_gluon_rules_and_fallback():
     assert (c["num_stages"], c["maxnreg"], c["MAX_BLOCK_M"]) == (2, None, 64)
     assert TV.gluon_launch_config("turboquant_k8v4", 64, 4, 1, 1) is not base  # the table is not mutated
     for preset in ("turboquant_4bit_nc", "turboquant_k3v4_nc", "turboquant_3bit_nc"):
-        assert TV.gluon_launch_config(preset, 64, 4, 4, 1) is None
+        c = TV.gluon_launch_config(preset, 64, 4, 4, 1)
+        assert c["num_stages"] == 1 and c["BLOCK_N"] == 64  # register-staged tiles: one shared buffer
+        assert TV.gluon_launch_config(preset, 1, 4, 6, 2)["num_stages"] == 1  # no rule adds stages
     TV.USE_GLUON = False
     try:
         assert TV.gluon_launch_config("turboquant_k8v4", 64, 4, 4, 1) is None

@@ -1,7 +1,7 @@
-"""Compile the Gluon k8v4 verify kernel for sm_90 without a GPU; print registers, spills and
-a SASS opcode histogram (Triton with Gluon, e.g. the GPU machine's 3.6).
+"""Compile the Gluon verify kernel for sm_90 without a GPU; print registers, spills and a SASS
+opcode histogram (Triton with Gluon, e.g. the GPU machine's 3.6).
 
-    python tools/aot_gluon.py '{"BLOCK_M": 32, "BLOCK_N": 64, "WM": 1, "WN": 4, "STAGES": 1}' [--sass]
+    python tools/aot_gluon.py [PRESET] '{"BLOCK_M": 32, "BLOCK_N": 64, "WM": 1, "WN": 4, "STAGES": 1}' [--sass]
 """
 import json
 import os
@@ -15,11 +15,26 @@ sys.path.insert(0, os.path.dirname(__file__))
 import aot_sass as A  # noqa: E402
 
 from vllm_platform_ext.ops.turboquant import gluon_verify as GV  # noqa: E402
+from vllm_platform_ext.ops.turboquant import layout as L  # noqa: E402
+
+
+def consts_for(preset="turboquant_k8v4", **over):
+    """The kernel's constexprs for one preset at head dim 256 (G = 6, page 16), then ``over``."""
+    lay = L.layout_for(preset, 256)
+    units = 4 if lay.key_fp8 else 2
+    c = dict(G=6, BLOCK_M=32, M_CHUNKS=1, PAGE=16, BLOCK_N=64, VAL_W=lay.key_packed_size // units,
+             SZ_W=lay.scale_offset // units, WM=1, WN=4, STAGES=1)
+    c.update(KEY_BITS=8 if lay.key_fp8 else lay.key_bits, VAL_BITS=lay.value_bits, NORM_W=lay.mse_bytes // 2,
+             NORM_CORRECTION=lay.norm_correction, PREFETCH=False)
+    c.update(over)
+    return c
 
 
 def compile_gluon(consts, maxnreg=None):
-    fn = GV._tq_verify_gluon_k8v4
+    fn = GV._tq_verify_gluon
     sig, constexprs, attrs = A.signature(fn, consts)
+    sig["KV"] = "*i32" if consts.get("KEY_BITS", 8) == 8 else "*i16"  # the cache's word view
+    sig["LUT"] = "*i32"
     src = GluonASTSource(fn=fn, signature=sig, constexprs=constexprs, attrs=attrs)
     opts = {"num_warps": consts["WM"] * consts["WN"]}
     if maxnreg:
@@ -28,9 +43,9 @@ def compile_gluon(consts, maxnreg=None):
 
 
 if __name__ == "__main__":
-    c = dict(G=6, BLOCK_M=32, M_CHUNKS=1, PAGE=16, BLOCK_N=64, VAL_W32=64, SZ_W32=96, WM=1, WN=4, STAGES=1)
-    if len(sys.argv) > 1 and not sys.argv[1].startswith("--"):
-        c.update(json.loads(sys.argv[1]))
+    args = [a for a in sys.argv[1:] if not a.startswith("--")]
+    preset = args.pop(0) if args and args[0].startswith("turboquant_") else "turboquant_k8v4"
+    c = consts_for(preset, **(json.loads(args[0]) if args else {}))
     k = compile_gluon(c, int(os.environ["MAXNREG"]) if os.environ.get("MAXNREG") else None)
     ops, sass, res = A.stats(k)
     print("REG/STACK/SHARED/LOCAL", res, "shared(meta)", k.metadata.shared, "total", sum(ops.values()))

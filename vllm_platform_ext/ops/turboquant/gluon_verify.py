@@ -1,4 +1,6 @@
-"""Gluon (explicit-layout Triton) verify kernel for ``turboquant_k8v4``, SM 8.9+ (fp8 ``cvt``).
+"""Gluon (explicit-layout Triton) verify kernel for every TurboQuant preset at head dim 256:
+``turboquant_k8v4`` on SM 8.9+ (fp8 ``cvt``), the MSE presets (``4bit_nc``, ``k3v4_nc``,
+``3bit_nc``) on SM 8.0+.
 
 Same job and output as :func:`triton_verify._tq_verify_v2` (split-KV partials in the
 workspace, combined by ``_tq_verify_stage2`` with ``SPLIT4``), but every layout is chosen here:
@@ -10,6 +12,13 @@ workspace, combined by ``_tq_verify_stage2`` with ``SPLIT4``), but every layout 
   is read per 16-wide chunk, so no warp holds the whole query in registers;
 * softmax weights go through a small shared tile to the second product;
 * warps split both the rows and the tile's positions (``WM x WN``).
+
+MSE presets: slots (262/230/198 bytes) are only 2-byte aligned, so their tiles go global ->
+registers by 16-bit loads and are written to shared memory as index words, 3-bit groups widened
+to nibbles on the way (then every index field has element 4h+e at nibble e of halfword h, like
+4-bit fields). Keys become fp16 centroids in the operand layout through byte permutes over the
+codebook held in registers (``ptx.LUT8_POS`` / ``LUT16_POS``); the norm correction's sum of
+squares is accumulated next to the products (``ptx.SQ_ACC``).
 
 Imports only torch and Triton; :data:`AVAILABLE` is False where Triton has no Gluon.
 """
@@ -31,6 +40,10 @@ try:
     _NEW_REINTERPRET = gl.constexpr(hasattr(gl.shared_memory_descriptor, "reinterpret"))
     _FP8_POS_0, _FP8_POS_1 = gl.constexpr(ptx.FP8_POS[0]), gl.constexpr(ptx.FP8_POS[1])
     _NIB_POS_0, _NIB_POS_1 = gl.constexpr(ptx.NIB_POS[0]), gl.constexpr(ptx.NIB_POS[1])
+    _NIB3_POS_0, _NIB3_POS_1 = gl.constexpr(ptx.NIB3_POS[0]), gl.constexpr(ptx.NIB3_POS[1])
+    _LUT8_0, _LUT8_1, _LUT8_2 = (gl.constexpr(x) for x in ptx.LUT8_POS)
+    _LUT16_0, _LUT16_1, _LUT16_2 = (gl.constexpr(x) for x in ptx.LUT16_POS)
+    _SQ_ACC = gl.constexpr(ptx.SQ_ACC)
     AVAILABLE = True
 except ImportError:  # pragma: no cover - depends on the Triton build
     AVAILABLE = False
@@ -44,10 +57,15 @@ if AVAILABLE:
                                          dtype=gl.float16, is_pure=True, pack=2)
 
     @gluon.jit
-    def _nib_pos(h, SHIFT: gl.constexpr):
-        # nibble position SHIFT of two int16 value words -> two fp16 ``nibble - 8`` (exact; ptx.NIB_POS)
-        return gl.inline_asm_elementwise(asm=_NIB_POS_0 + SHIFT + _NIB_POS_1, constraints="=r,r", args=[h],
-                                         dtype=gl.float16, is_pure=True, pack=2)
+    def _nib_pos(h, SHIFT: gl.constexpr, BITS: gl.constexpr):
+        # nibble position SHIFT of two int16 value words -> two fp16 ``nibble - 8`` (``- 4`` for
+        # 3-bit indices) (exact; ptx.NIB_POS / NIB3_POS)
+        if BITS == 4:
+            return gl.inline_asm_elementwise(asm=_NIB_POS_0 + SHIFT + _NIB_POS_1, constraints="=r,r", args=[h],
+                                             dtype=gl.float16, is_pure=True, pack=2)
+        else:
+            return gl.inline_asm_elementwise(asm=_NIB3_POS_0 + SHIFT + _NIB3_POS_1, constraints="=r,r", args=[h],
+                                             dtype=gl.float16, is_pure=True, pack=2)
 
     @gluon.jit
     def _add2(a0, a1, b0, b1):
@@ -72,17 +90,89 @@ if AVAILABLE:
 
 
     @gluon.jit
-    def _tq_verify_gluon_k8v4(
-        Q16, KV32, BT, SEQ, MID,
+    def _lut_pos(x, t0, t1, t2, t3, t4, t5, t6, t7, SH: gl.constexpr, SH12: gl.constexpr, KEY_BITS: gl.constexpr):
+        # nibble position SH of two int16 index words -> two fp16 centroids (exact; ptx.LUT*_POS)
+        if KEY_BITS == 3:
+            return gl.inline_asm_elementwise(asm=_LUT8_0 + SH + _LUT8_1 + SH12 + _LUT8_2,
+                                             constraints="=r" + ",r" * 9, args=[x, t0, t1, t4, t5],
+                                             dtype=gl.float16, is_pure=True, pack=2)
+        else:
+            return gl.inline_asm_elementwise(asm=_LUT16_0 + SH + _LUT16_1 + SH12 + _LUT16_2,
+                                             constraints="=r,r" + ",r" * 16, args=[x, t0, t1, t2, t3, t4, t5, t6, t7],
+                                             dtype=gl.float16, is_pure=True, pack=2)
+
+    @gluon.jit
+    def _sq_acc(v, acc):
+        return gl.inline_asm_elementwise(asm=_SQ_ACC, constraints="=r,r,r", args=[v, acc], dtype=gl.float16,
+                                         is_pure=True, pack=2)
+
+    @gluon.jit
+    def _field_words(row, ok, OFF: gl.constexpr, BITS: gl.constexpr, LW: gl.constexpr):
+        """Words [BLOCK_N, 32] of one D=256 index field at halfword offset OFF of 2-byte-aligned
+        slots (16-bit loads). 4-bit: packed nibbles as stored. 3-bit: each group of 8 indices
+        (3 bytes) widened to 8 nibbles, so both widths leave element 4h+e at nibble e of halfword h."""
+        w = gl.arange(0, 32, layout=gl.SliceLayout(0, LW))
+        if BITS == 4:
+            hw = OFF + 2 * w
+        else:
+            hw = OFF + (3 * w) // 2
+        p = row[:, None] + hw[None, :]
+        lo = gl.load(p, mask=ok[:, None], other=0).to(gl.int32) & 0xFFFF
+        hi = gl.load(p + 1, mask=ok[:, None], other=0).to(gl.int32)
+        x = lo | (hi << 16)
+        if BITS == 3:
+            x = (x >> ((w & 1) * 8)[None, :]) & 0xFFFFFF
+            x = (x & 0xFFF) | ((x & 0xFFF000) << 4)
+            x = (x & 0x003F003F) | ((x & 0x0FC00FC0) << 2)
+            x = (x & 0x07070707) | ((x & 0x38383838) << 1)
+        return x
+
+    @gluon.jit
+    def _stage_mse(KV16, bt_row, kv_off, stride_cb, stride_cp, tile_start, end,
+                   PAGE: gl.constexpr, BLOCK_N: gl.constexpr, KEY_BITS: gl.constexpr, VAL_BITS: gl.constexpr,
+                   NORM_W: gl.constexpr, VAL_W: gl.constexpr, SZ_W: gl.constexpr, LW: gl.constexpr):
+        """One tile of MSE slots -> registers: key and value index words [BLOCK_N, 32], the key norm
+        (fp32) and the value scale|zero word per position (positions >= end read as zeros)."""
+        n = tile_start + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, LW))
+        ok = n < end
+        blk = gl.load(bt_row + n // PAGE, mask=ok, other=0).to(gl.int64)
+        row = KV16 + (blk * stride_cb + kv_off + (n % PAGE) * stride_cp)
+        kw = _field_words(row, ok, 0, KEY_BITS, LW)
+        vw = _field_words(row, ok, VAL_W, VAL_BITS, LW)
+        nrm = gl.load(row + NORM_W, mask=ok, other=0).to(gl.float16, bitcast=True).to(gl.float32)
+        sz = (gl.load(row + SZ_W, mask=ok, other=0).to(gl.int32) & 0xFFFF) \
+            | (gl.load(row + (SZ_W + 1), mask=ok, other=0).to(gl.int32) << 16)
+        return kw, vw, nrm, sz
+
+    @gluon.jit
+    def _lut_tables(LUT, KEY_BITS: gl.constexpr, BLOCK_N: gl.constexpr, opB: gl.constexpr):
+        """The codebook byte tables (LUT: low bytes then high bytes, 4 entries per word) as splat
+        operands of the lookups (8-entry codebooks use t0, t1, t4, t5)."""
+        zb = gl.full([16, BLOCK_N], 0, gl.int32, layout=opB)
+        NT: gl.constexpr = 2 ** KEY_BITS // 4
+        return (zb + gl.load(LUT), zb + gl.load(LUT + 1), zb + gl.load(LUT + (2 % (2 * NT))),
+                zb + gl.load(LUT + (3 % (2 * NT))), zb + gl.load(LUT + NT), zb + gl.load(LUT + NT + 1),
+                zb + gl.load(LUT + (NT + 2) % (2 * NT)), zb + gl.load(LUT + (NT + 3) % (2 * NT)))
+
+    @gluon.jit
+    def _tq_verify_gluon(
+        Q16, KV, BT, SEQ, LUT, MID,
         stride_qn, stride_qh,
-        stride_cb32, stride_cp32, stride_ch32,  # in 32-bit words
+        stride_cb, stride_cp, stride_ch,  # in KV elements (32-bit words for k8v4, 16-bit for MSE)
         stride_bt,
         stride_mr, stride_mh, stride_ms,
         K1, NUM_SPLITS,
         G: gl.constexpr, BLOCK_M: gl.constexpr, M_CHUNKS: gl.constexpr,
-        PAGE: gl.constexpr, BLOCK_N: gl.constexpr, VAL_W32: gl.constexpr, SZ_W32: gl.constexpr,
+        PAGE: gl.constexpr, BLOCK_N: gl.constexpr, VAL_W: gl.constexpr, SZ_W: gl.constexpr,
         WM: gl.constexpr, WN: gl.constexpr, STAGES: gl.constexpr,
+        KEY_BITS: gl.constexpr = 8, VAL_BITS: gl.constexpr = 4, NORM_W: gl.constexpr = 0,
+        NORM_CORRECTION: gl.constexpr = False, PREFETCH: gl.constexpr = False,
     ):
+        """KEY_BITS 8: fp8 (e4nv) keys, KV an int32 view, tiles staged by cp.async (STAGES deep);
+        field offsets VAL_W / SZ_W in words. KEY_BITS 3/4: MSE keys (centroid indices, codebook
+        bytes in LUT), KV an int16 view (slots are only 2-byte aligned), tiles staged through
+        registers by 16-bit loads (PREFETCH: the next tile's loads are issued before this tile's
+        products); offsets NORM_W / VAL_W / SZ_W in halfwords."""
         D: gl.constexpr = 256
         D4: gl.constexpr = 64
         NW: gl.constexpr = WM * WN
@@ -95,13 +185,16 @@ if AVAILABLE:
         ROW: gl.constexpr = gl.SliceLayout(1, mma)
         COL: gl.constexpr = gl.SliceLayout(0, mma)
         # swizzles (XOR of 16/32-byte units by row) keep the operand reads free of bank conflicts:
-        # key rows of 64 words in 8-word units; value rows (32 words = 64 halfwords) in 16-byte
-        # units, seen as int32 by cp.async and as int16 by the transposing ldmatrix reads
+        # fp8 key rows of 64 words in 8-word units; index rows (32 words = 64 halfwords) in 16-byte
+        # units, seen as int32 when written and as int16 by the ldmatrix reads
         sh_w: gl.constexpr = gl.SwizzledSharedLayout(vec=8, per_phase=1, max_phase=8, order=[1, 0])
         sh_v32: gl.constexpr = gl.SwizzledSharedLayout(vec=4, per_phase=1, max_phase=8, order=[1, 0])
         sh_v16: gl.constexpr = gl.SwizzledSharedLayout(vec=8, per_phase=1, max_phase=8, order=[1, 0])
         sh_s: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0])
         sh_h: gl.constexpr = gl.SwizzledSharedLayout(vec=8, per_phase=1, max_phase=8, order=[1, 0])
+        if KEY_BITS != 8:
+            gl.static_assert(STAGES == 1, "MSE tiles are staged through registers: one shared buffer")
+        HALF: gl.constexpr = 2.0 ** (VAL_BITS - 1)  # value index centring: 8 (4-bit), 4 (3-bit)
 
         b = gl.program_id(1)
         kvh = gl.program_id(0) // M_CHUNKS
@@ -123,19 +216,29 @@ if AVAILABLE:
             qv = gl.load(Q16 + (qrow[:, None] + e * D4 + jq[None, :]), mask=okq[:, None], other=0.0)
             q_smem.index(e).store(qv)
 
-        kw_smem = gl.allocate_shared_memory(gl.int32, [STAGES, BLOCK_N, D4], sh_w)
+        if KEY_BITS != 8:
+            kw_smem = gl.allocate_shared_memory(gl.int32, [STAGES, BLOCK_N, D4 // 2], sh_v32)
+            nr_smem = gl.allocate_shared_memory(gl.float32, [BLOCK_N], sh_s)
+        else:
+            kw_smem = gl.allocate_shared_memory(gl.int32, [STAGES, BLOCK_N, D4], sh_w)
         vw_smem = gl.allocate_shared_memory(gl.int32, [STAGES, BLOCK_N, D4 // 2], sh_v32)
         sz_smem = gl.allocate_shared_memory(gl.int32, [STAGES, BLOCK_N], sh_s)
         p_smem = gl.allocate_shared_memory(gl.float16, [BLOCK_M, BLOCK_N], sh_h)
 
         bt_row = BT + b.to(gl.int64) * stride_bt
-        kv_off32 = kvh.to(gl.int64) * stride_ch32
-        for i in gl.static_range(STAGES - 1):
-            if i < n_tiles:
-                _issue(KV32, bt_row, kv_off32, stride_cb32, stride_cp32, start + i * BLOCK_N, end,
-                       kw_smem.index(i), vw_smem.index(i), sz_smem.index(i), PAGE, BLOCK_N, VAL_W32, SZ_W32,
-                       LW)
-            cp.commit_group()
+        kv_off = kvh.to(gl.int64) * stride_ch
+        if KEY_BITS != 8:
+            # codebook bytes (LUT: low bytes then high bytes, 4 per word), as splat operands
+            if PREFETCH:
+                kw_r, vw_r, nr_r, sz_r = _stage_mse(KV, bt_row, kv_off, stride_cb, stride_cp, start, end, PAGE,
+                                                    BLOCK_N, KEY_BITS, VAL_BITS, NORM_W, VAL_W, SZ_W, LW)
+        else:
+            for i in gl.static_range(STAGES - 1):
+                if i < n_tiles:
+                    _issue(KV, bt_row, kv_off, stride_cb, stride_cp, start + i * BLOCK_N, end,
+                           kw_smem.index(i), vw_smem.index(i), sz_smem.index(i), PAGE, BLOCK_N, VAL_W, SZ_W,
+                           LW)
+                cp.commit_group()
 
         rows = mc * BLOCK_M + gl.arange(0, BLOCK_M, layout=ROW)
         lim = seq_len - K1 + 1 + rows // G
@@ -149,24 +252,71 @@ if AVAILABLE:
         acc3 = gl.zeros([BLOCK_M, D4], gl.float32, layout=mma)
 
         for it in range(0, n_tiles):
-            nxt = it + STAGES - 1
-            if nxt < n_tiles:
-                _issue(KV32, bt_row, kv_off32, stride_cb32, stride_cp32, start + nxt * BLOCK_N, end,
-                       kw_smem.index(nxt % STAGES), vw_smem.index(nxt % STAGES), sz_smem.index(nxt % STAGES),
-                       PAGE, BLOCK_N, VAL_W32, SZ_W32, LW)
-            cp.commit_group()
-            cp.wait_group(STAGES - 1)
-            _barrier()
-            st = it % STAGES
-            kwt = kw_smem.index(st).permute([1, 0])  # [64 words, BLOCK_N]
+            tile_start = start + it * BLOCK_N
+            if KEY_BITS != 8:
+                if PREFETCH:
+                    kw_smem.index(0).store(kw_r)
+                    vw_smem.index(0).store(vw_r)
+                    nr_smem.store(nr_r)
+                    sz_smem.index(0).store(sz_r)
+                    # the next tile's loads stay in flight during this tile's products
+                    kw_r, vw_r, nr_r, sz_r = _stage_mse(KV, bt_row, kv_off, stride_cb, stride_cp,
+                                                        tile_start + BLOCK_N, end, PAGE, BLOCK_N, KEY_BITS,
+                                                        VAL_BITS, NORM_W, VAL_W, SZ_W, LW)
+                else:
+                    kw_c, vw_c, nr_c, sz_c = _stage_mse(KV, bt_row, kv_off, stride_cb, stride_cp, tile_start, end,
+                                                        PAGE, BLOCK_N, KEY_BITS, VAL_BITS, NORM_W, VAL_W, SZ_W, LW)
+                    kw_smem.index(0).store(kw_c)
+                    vw_smem.index(0).store(vw_c)
+                    nr_smem.store(nr_c)
+                    sz_smem.index(0).store(sz_c)
+                _barrier()
+                st = 0
+                if _NEW_REINTERPRET:
+                    kwt = kw_smem.index(0).reinterpret(gl.int16, [BLOCK_N, D4], sh_v16).permute([1, 0])
+                else:
+                    kwt = kw_smem.index(0)._reinterpret(gl.int16, [BLOCK_N, D4], sh_v16).permute([1, 0])
+            else:
+                nxt = it + STAGES - 1
+                if nxt < n_tiles:
+                    _issue(KV, bt_row, kv_off, stride_cb, stride_cp, start + nxt * BLOCK_N, end,
+                           kw_smem.index(nxt % STAGES), vw_smem.index(nxt % STAGES), sz_smem.index(nxt % STAGES),
+                           PAGE, BLOCK_N, VAL_W, SZ_W, LW)
+                cp.commit_group()
+                cp.wait_group(STAGES - 1)
+                _barrier()
+                st = it % STAGES
+                kwt = kw_smem.index(st).permute([1, 0])  # [64 words, BLOCK_N]
             s = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=mma)
-            for c in gl.static_range(D4 // 16):
-                w = kwt.slice(16 * c, 16, dim=0).load(opB)
-                s = mma_v2(q_smem.index(0).slice(16 * c, 16, dim=1).load(opA), _fp8_pos(w, "0x40"), s)
-                s = mma_v2(q_smem.index(1).slice(16 * c, 16, dim=1).load(opA), _fp8_pos(w, "0x51"), s)
-                s = mma_v2(q_smem.index(2).slice(16 * c, 16, dim=1).load(opA), _fp8_pos(w, "0x62"), s)
-                s = mma_v2(q_smem.index(3).slice(16 * c, 16, dim=1).load(opA), _fp8_pos(w, "0x73"), s)
-            n = start + it * BLOCK_N + gl.arange(0, BLOCK_N, layout=COL)
+            if KEY_BITS != 8:
+                ssq = gl.zeros([16, BLOCK_N], gl.float32, layout=opB)
+                # codebook tables reloaded per tile (L1 hits): not live while the tile is staged
+                t0, t1, t2, t3, t4, t5, t6, t7 = _lut_tables(LUT, KEY_BITS, BLOCK_N, opB)
+                for c in gl.static_range(D4 // 16):
+                    x = kwt.slice(16 * c, 16, dim=0).load(opB)  # [16 halfwords, BLOCK_N]
+                    k0 = _lut_pos(x, t0, t1, t2, t3, t4, t5, t6, t7, "0", "12", KEY_BITS)
+                    s = mma_v2(q_smem.index(0).slice(16 * c, 16, dim=1).load(opA), k0, s)
+                    k1 = _lut_pos(x, t0, t1, t2, t3, t4, t5, t6, t7, "4", "16", KEY_BITS)
+                    s = mma_v2(q_smem.index(1).slice(16 * c, 16, dim=1).load(opA), k1, s)
+                    k2 = _lut_pos(x, t0, t1, t2, t3, t4, t5, t6, t7, "8", "20", KEY_BITS)
+                    s = mma_v2(q_smem.index(2).slice(16 * c, 16, dim=1).load(opA), k2, s)
+                    k3 = _lut_pos(x, t0, t1, t2, t3, t4, t5, t6, t7, "12", "24", KEY_BITS)
+                    s = mma_v2(q_smem.index(3).slice(16 * c, 16, dim=1).load(opA), k3, s)
+                    if NORM_CORRECTION:  # sum of squares: four values per fp16 partial, then fp32
+                        sq = _sq_acc(k3, _sq_acc(k2, _sq_acc(k1, _sq_acc(k0, gl.zeros_like(k0)))))
+                        ssq += sq.to(gl.float32)
+                k_mul = nr_smem.load(COL)
+                if NORM_CORRECTION:
+                    k_mul = k_mul / gl.sqrt(gl.convert_layout(gl.sum(ssq, axis=0), COL) + 1e-16)
+                s = s * k_mul[None, :]
+            else:
+                for c in gl.static_range(D4 // 16):
+                    w = kwt.slice(16 * c, 16, dim=0).load(opB)
+                    s = mma_v2(q_smem.index(0).slice(16 * c, 16, dim=1).load(opA), _fp8_pos(w, "0x40"), s)
+                    s = mma_v2(q_smem.index(1).slice(16 * c, 16, dim=1).load(opA), _fp8_pos(w, "0x51"), s)
+                    s = mma_v2(q_smem.index(2).slice(16 * c, 16, dim=1).load(opA), _fp8_pos(w, "0x62"), s)
+                    s = mma_v2(q_smem.index(3).slice(16 * c, 16, dim=1).load(opA), _fp8_pos(w, "0x73"), s)
+            n = tile_start + gl.arange(0, BLOCK_N, layout=COL)
             visible = (n < end)[None, :] & (n[None, :] < lim[:, None])
             s = gl.where(visible, s, float("-inf"))
             m_new = gl.maximum(m_i, gl.max(s, axis=1))
@@ -179,8 +329,8 @@ if AVAILABLE:
             v_zero = (sz >> 16).to(gl.int16).to(gl.float16, bitcast=True).to(gl.float32)
             s_max = gl.maximum(gl.max(v_scale, axis=0), 6e-8)
             w16 = (p * (v_scale / s_max)[None, :]).to(gl.float16)
-            # one reduction for both row sums: sum p, and the zero points + centring offset (8 per index)
-            lsum, rsum = gl.reduce((p, p * v_zero[None, :] + (8.0 * s_max) * w16.to(gl.float32)), 1, _add2)
+            # one reduction for both row sums: sum p, and the zero points + centring offset (HALF per index)
+            lsum, rsum = gl.reduce((p, p * v_zero[None, :] + (HALF * s_max) * w16.to(gl.float32)), 1, _add2)
             l_i = l_i * alpha + lsum
             r_i = r_i * alpha + rsum
             f = (alpha * (c_i / s_max))[:, None]
@@ -198,13 +348,14 @@ if AVAILABLE:
             for kc in gl.static_range(BLOCK_N // 16):
                 pa = p_smem.slice(16 * kc, 16, dim=1).load(opA)
                 h = vh.slice(16 * kc, 16, dim=0).load(opB)
-                acc0 = mma_v2(pa, _nib_pos(h, "0"), acc0)
-                acc1 = mma_v2(pa, _nib_pos(h, "4"), acc1)
-                acc2 = mma_v2(pa, _nib_pos(h, "8"), acc2)
-                acc3 = mma_v2(pa, _nib_pos(h, "12"), acc3)
+                acc0 = mma_v2(pa, _nib_pos(h, "0", VAL_BITS), acc0)
+                acc1 = mma_v2(pa, _nib_pos(h, "4", VAL_BITS), acc1)
+                acc2 = mma_v2(pa, _nib_pos(h, "8", VAL_BITS), acc2)
+                acc3 = mma_v2(pa, _nib_pos(h, "12", VAL_BITS), acc3)
             m_i = m_new
             _barrier()
-        cp.wait_group(0)
+        if KEY_BITS == 8:
+            cp.wait_group(0)
 
         has = l_i > 0.0
         inv = 1.0 / gl.where(has, l_i, 1.0)

@@ -14,3 +14,29 @@ FP8_POS = ("{ .reg .b32 t; .reg .b16 lo, hi; prmt.b32 t, $1, $2, ",
 # 1024.0) and a packed subtraction of 1032 (0x6408).
 NIB_POS = ("{ .reg .b32 y, z, off; mov.b32 off, 0x64086408; shr.b32 y, $1, ",
            "; lop3.b32 z, y, 0x000F000F, 0x64006400, 0xEA; sub.f16x2 $0, z, off; }")
+
+# Same for 3-bit indices (0..7, stored as nibbles): ``nibble - 4`` (0x6404 is 1028.0).
+NIB3_POS = (NIB_POS[0].replace("0x64086408", "0x64046404"), NIB_POS[1])
+
+# Codebook lookup of one nibble position of two int16 words of index nibbles -> two fp16 centroids
+# (exact), through byte permutes over the codebook held in registers: L* hold the low bytes of the
+# fp16 centroids (4 per register, entry i at byte i % 4 of L[i // 4]), H* the high bytes. Two
+# shifts and a ``lop3`` put the two indices in the selector's nibbles 0 and 1, a ``prmt`` per byte
+# table picks the bytes, a last ``prmt`` interleaves them into the f16x2 result.
+# Operands (``pack=2``): $1 the two words; each int32 table argument takes two registers, so
+# the tables are $2, $4, ... Spliced: SHIFT, SHIFT + 12.
+# 3-bit indices (8 entries: L0 L1 H0 H1 = $2 $4 $6 $8): 6 instructions.
+LUT8_POS = ("{ .reg .b32 a, b, s, tl, th; shr.b32 a, $1, ", "; shr.b32 b, $1, ",
+            "; lop3.b32 s, a, b, 0xF, 0xE4; prmt.b32 tl, $2, $4, s; prmt.b32 th, $6, $8, s; "
+            "prmt.b32 $0, tl, th, 0x5140; }")
+# 4-bit indices (16 entries: L0..L3 = $2..$8, H0..H3 = $10..$16): entries 0-7 and 8-15 are looked
+# up separately (selector nibble bit 3 set means sign replication, so the upper half is indexed
+# with bit 3 flipped) and merged per byte by a mask built from bit 3 of each index: 13 instructions.
+LUT16_POS = ("{ .reg .b32 a, b, s, s8, s4, m, t0, t1, u0, u1, tl, th; shr.b32 a, $1, ", "; shr.b32 b, $1, ",
+             "; lop3.b32 s, a, b, 0xF, 0xE4; prmt.b32 t0, $2, $4, s; prmt.b32 u0, $10, $12, s; "
+             "xor.b32 s8, s, 0x88; prmt.b32 t1, $6, $8, s8; prmt.b32 u1, $14, $16, s8; "
+             "shl.b32 s4, s, 4; prmt.b32 m, s4, s, 0xC8; lop3.b32 tl, t1, t0, m, 0xE4; "
+             "lop3.b32 th, u1, u0, m, 0xE4; prmt.b32 $0, tl, th, 0x5140; }")
+
+# Packed fp16 square-accumulate of two values: $0 = $1 * $1 + $2 (norm correction's sum of squares).
+SQ_ACC = "fma.rn.f16x2 $0, $1, $1, $2;"

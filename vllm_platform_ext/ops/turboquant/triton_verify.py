@@ -732,6 +732,14 @@ V2_SHAPE_RULES = {
 USE_GLUON = True
 GLUON_LAUNCH_DEFAULTS = {
     "turboquant_k8v4": {"BLOCK_N": 64, "num_stages": 1, "WM": 1, "WN": 4, "maxnreg": 168, "MAX_BLOCK_M": 32},
+    # MSE presets: tiles staged through registers (one shared buffer); PREFETCH issues the next
+    # tile's loads before this tile's products
+    "turboquant_4bit_nc": {"BLOCK_N": 64, "num_stages": 1, "WM": 1, "WN": 4, "maxnreg": 168, "MAX_BLOCK_M": 32,
+                           "PREFETCH": False},
+    "turboquant_k3v4_nc": {"BLOCK_N": 64, "num_stages": 1, "WM": 1, "WN": 4, "maxnreg": 168, "MAX_BLOCK_M": 32,
+                           "PREFETCH": False},
+    "turboquant_3bit_nc": {"BLOCK_N": 64, "num_stages": 1, "WM": 1, "WN": 4, "maxnreg": 168, "MAX_BLOCK_M": 32,
+                           "PREFETCH": False},
 }
 # First match wins; shapes only (see V2_SHAPE_RULES). Programs counted with 32-row chunks.
 #  - <= 8 programs (one request): two stages, no register cap: 1.08x over the default (B = 1, K = 3);
@@ -916,24 +924,31 @@ def turboquant_verify_attention(
     if gcfg is not None:  # (only set with the word views)
         from vllm_platform_ext.ops.turboquant import gluon_verify as GV
 
-        LAST_KERNEL = "gluon_k8v4"
+        LAST_KERNEL = "gluon_k8v4" if lay.key_fp8 else "gluon_mse"
         # fp16 query scaled by softmax scale * log2(e) (fp8 keys converted exactly by cvt), sub-tile e
         # (head dim elements 4j+e) at columns e*D/4: the kernel keeps it in shared memory
         q16 = (q_in.float() * (float(scale) * _LOG2E)).to(torch.float16)
         q16 = q16.view(n, hq, d // 4, 4).transpose(2, 3).reshape(n, hq, d)
         wm = min(gcfg["WM"], block_m // 16)  # warps along the rows (16 each) x along the positions
         wn = gcfg["WN"]
-        GV._tq_verify_gluon_k8v4[(hk * m_chunks, b, splits)](
-            q16, kv32, block_table, seq_lens, mid,
+        if lay.key_fp8:
+            kv, lut, units = kv32, kv32, 4
+            mse = {}
+        else:
+            kv, lut, units = kv16, codebook_bytes(cent), 2
+            mse = dict(KEY_BITS=lay.key_bits, VAL_BITS=lay.value_bits, NORM_W=lay.mse_bytes // 2,
+                       NORM_CORRECTION=lay.norm_correction, PREFETCH=bool(gcfg.get("PREFETCH", False)))
+        GV._tq_verify_gluon[(hk * m_chunks, b, splits)](
+            q16, kv, block_table, seq_lens, lut, mid,
             q16.stride(0), q16.stride(1),
-            kv32.stride(0), kv32.stride(1), kv32.stride(2),
+            kv.stride(0), kv.stride(1), kv.stride(2),
             block_table.stride(0),
             mid.stride(0), mid.stride(1), mid.stride(2),
             k1, splits,
             G=hq // hk, BLOCK_M=block_m, M_CHUNKS=m_chunks, PAGE=kv_cache.shape[1], BLOCK_N=BLOCK_N or gcfg["BLOCK_N"],
-            VAL_W32=lay.key_packed_size // 4, SZ_W32=lay.scale_offset // 4, WM=wm, WN=wn,
+            VAL_W=lay.key_packed_size // units, SZ_W=lay.scale_offset // units, WM=wm, WN=wn,
             STAGES=num_stages or gcfg["num_stages"], num_warps=wm * wn,
-            **({"maxnreg": gcfg["maxnreg"]} if gcfg.get("maxnreg") else {}),
+            **mse, **({"maxnreg": gcfg["maxnreg"]} if gcfg.get("maxnreg") else {}),
         )
     elif kv16 is not None:
         LAST_KERNEL = "v2"
@@ -964,7 +979,7 @@ def turboquant_verify_attention(
         out.stride(0), out.stride(1),
         splits,
         D=d,
-        SPLIT4=bool(kv16 is not None and lay.value_bits == 4),
+        SPLIT4=bool(gcfg is not None or (kv16 is not None and lay.value_bits == 4)),  # Gluon: always split
         num_warps=4 if d >= 256 else 2,
     )
     return out
@@ -997,24 +1012,40 @@ def describe_kernels() -> list[tuple[str, str, str]]:
     cap = torch.cuda.get_device_capability() if torch.cuda.is_available() else None
     rows = []
     for preset in V2_LAUNCH_DEFAULTS:
+        fp8 = layout_for(preset, 256).key_fp8
+        name, need = ("gluon_k8v4", (8, 9)) if fp8 else ("gluon_mse", (8, 0))
         if not (USE_GLUON and preset in GLUON_LAUNCH_DEFAULTS):
             rows.append((preset, "v2", "no Gluon kernel for this preset" if USE_GLUON else "USE_GLUON is off"))
         elif not has_gluon:
             rows.append((preset, "v2", "this Triton has no Gluon"))
         elif cap is None:
-            rows.append((preset, "gluon_k8v4 on SM >= 8.9", "no CUDA device in this process"))
-        elif cap < (8, 9):
-            rows.append((preset, "v2", f"SM {cap[0]}.{cap[1]} < 8.9: no hardware fp8 conversion"))
+            rows.append((preset, f"{name} on SM >= {need[0]}.{need[1]}", "no CUDA device in this process"))
+        elif cap < need:
+            why = "no hardware fp8 conversion" if fp8 else "no mma.sync / ldmatrix"
+            rows.append((preset, "v2", f"SM {cap[0]}.{cap[1]} < {need[0]}.{need[1]}: {why}"))
         else:
-            rows.append((preset, "gluon_k8v4", f"Gluon, SM {cap[0]}.{cap[1]}; e4b15 keys or 2-byte-aligned slots: v2"))
+            rows.append((preset, name, f"Gluon, SM {cap[0]}.{cap[1]}" + ("; e4b15 keys or 2-byte-aligned slots: v2"
+                                                                       if fp8 else "")))
     return rows
 
 
 def _gluon_usable(lay, kv32, fp8_e4b15: bool, dev: torch.device, d: int) -> bool:
-    """The Gluon kernel can serve this call: fp8 (e4nv) keys with 4-byte-aligned slots, 4-bit
-    values, head dim 256, a CUDA GPU of SM >= 8.9 (hardware fp8 conversion), Gluon present."""
-    return bool(lay.key_fp8 and lay.value_bits == 4 and d == 256 and kv32 is not None and not fp8_e4b15
-                and dev.type == "cuda" and _gluon_ok() and torch.cuda.get_device_capability(dev) >= (8, 9))
+    """The Gluon kernel can serve this call: head dim 256 on a CUDA GPU with Gluon present, and
+    either fp8 (e4nv) keys with 4-byte-aligned slots on SM >= 8.9 (hardware fp8 conversion), or
+    MSE keys (2-byte-aligned slots suffice) on SM >= 8.0 (mma.sync, ldmatrix, prmt)."""
+    if not (d == 256 and dev.type == "cuda" and _gluon_ok()):
+        return False
+    cap = torch.cuda.get_device_capability(dev)
+    if lay.key_fp8:
+        return bool(lay.value_bits == 4 and kv32 is not None and not fp8_e4b15 and cap >= (8, 9))
+    return cap >= (8, 0)
+
+
+def codebook_bytes(centroids: torch.Tensor) -> torch.Tensor:
+    """The fp16 codebook as the Gluon kernel's byte tables: int32[2 * n / 4], first the low bytes
+    of entries 0..n-1 (four per word, entry i at byte i % 4), then the high bytes."""
+    b = centroids.to(torch.float16).contiguous().view(torch.uint8).view(-1, 2)
+    return torch.cat([b[:, 0], b[:, 1]]).contiguous().view(torch.int32)
 
 
 def _gluon_available() -> bool:
