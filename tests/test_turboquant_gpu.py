@@ -208,11 +208,13 @@ MSE_PRESETS = ["turboquant_4bit_nc", "turboquant_k3v4_nc", "turboquant_3bit_nc"]
 @pytest.mark.parametrize("heads", [(24, 4), (16, 2)])
 @pytest.mark.parametrize("k1,cfg", [
     (1, {}), (4, {}), (4, {"PREFETCH": True}), (6, {"MAX_BLOCK_M": 64}), (4, {"BLOCK_N": 32, "WM": 2, "WN": 2}),
-    (2, {"maxnreg": None, "BLOCK_N": 128}),
+    (2, {"maxnreg": None, "BLOCK_N": 128}), (4, {"FOLD": False}),
 ])
 def test_gluon_mse_matches_reference(preset, layout, heads, k1, cfg):
     """The explicit-layout kernel on the MSE presets: 2-byte-aligned slots (every other row starts
-    mid-word), codebook lookups by byte permutes, norm correction, 3-bit fields widened to nibbles;
+    mid-word), codebook lookups by byte permutes (4-bit keys: folded onto the symmetric codebook's
+    positive half, or the general 16-entry lookup with FOLD off), norm correction, 3-bit fields
+    widened to nibbles, block-table entries read a tile ahead (PREFETCH);
     masked tails, split-KV, row chunks, a padding request and rows that see nothing give zeros."""
     _need_cuda()
     from vllm_platform_ext.ops.turboquant import gluon_verify as GV

@@ -65,6 +65,8 @@ def run_ptx(asm: str, operands: list[int]) -> int:
             r = val(a[1]) >> val(a[2])
         elif op == "shl.b32":
             r = (val(a[1]) << val(a[2])) & 0xFFFFFFFF
+        elif op == "and.b32":
+            r = val(a[1]) & val(a[2])
         elif op == "xor.b32":
             r = val(a[1]) ^ val(a[2])
         elif op == "lop3.b32":
@@ -105,6 +107,32 @@ def test_codebook_lookup_every_index_pair(bits):
                 out = run_ptx(asm, [ha | (hb << 16)] + ops_tabs)
                 lo, hi = _f16x2(out)
                 assert lo == float(c16[ia]) and hi == float(c16[ib]), (bits, e, ia, ib, lo, hi)
+
+
+def test_folded_symmetric_lookup_every_index_pair():
+    """4-bit keys of a symmetric codebook: indices folded as the kernel stages them (i < 8 -> 7 - i,
+    bit 3 kept as the sign), looked up in the 8 positive entries (``ptx.LUT8S_POS``)."""
+    from vllm_platform_ext.ops.turboquant.triton_verify import _symmetric_codebook, codebook_bytes
+
+    cent = L.lloyd_max_centroids(256, 4)
+    assert _symmetric_codebook(cent)
+    assert not _symmetric_codebook(cent + 1e-3)
+    c16 = cent.to(torch.float16)
+    tabs = [int(t) & 0xFFFFFFFF for t in codebook_bytes(cent[8:])]
+    ops_tabs = [t for t in tabs for _ in range(2)]
+
+    def fold(word: int) -> int:  # the staging fold of gluon_verify._field_words, on 8 nibbles
+        return (word ^ ((((~word) >> 3) & 0x11111111) * 7)) & 0xFFFFFFFF
+
+    for e in range(4):
+        asm = _splice(ptx.LUT8S_POS, 4 * e)
+        for ia in range(16):
+            for ib in range(16):
+                ha = sum(((ia if j == e else 0xB) << (4 * j)) for j in range(4))
+                hb = sum(((ib if j == e else 0x6) << (4 * j)) for j in range(4))
+                out = run_ptx(asm, [fold(ha | (hb << 16))] + ops_tabs)
+                lo, hi = _f16x2(out)
+                assert lo == float(c16[ia]) and hi == float(c16[ib]), (e, ia, ib, lo, hi)
 
 
 @pytest.mark.parametrize("bits", [3, 4])

@@ -216,8 +216,11 @@ def test_gluon_rules_and_fallback():
     assert TV.gluon_launch_config("turboquant_k8v4", 64, 4, 1, 1) is not base  # the table is not mutated
     for preset in ("turboquant_4bit_nc", "turboquant_k3v4_nc", "turboquant_3bit_nc"):
         c = TV.gluon_launch_config(preset, 64, 4, 4, 1)
-        assert c["num_stages"] == 1 and c["BLOCK_N"] == 64  # register-staged tiles: one shared buffer
-        assert TV.gluon_launch_config(preset, 1, 4, 6, 2)["num_stages"] == 1  # no rule adds stages
+        assert c["num_stages"] == 1 and c["BLOCK_N"] == 64 and c["maxnreg"] == 168  # one shared buffer
+        c = TV.gluon_launch_config(preset, 1, 4, 4, 1)  # one request: no register cap
+        assert (c["num_stages"], c["maxnreg"], c["MAX_BLOCK_M"]) == (1, None, 32)
+        c = TV.gluon_launch_config(preset, 8, 4, 6, 2)  # K = 5: one 64-row program, no cap, no stages
+        assert (c["num_stages"], c["maxnreg"], c["MAX_BLOCK_M"]) == (1, None, 64)
     TV.USE_GLUON = False
     try:
         assert TV.gluon_launch_config("turboquant_k8v4", 64, 4, 4, 1) is None

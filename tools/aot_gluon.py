@@ -25,7 +25,8 @@ def consts_for(preset="turboquant_k8v4", **over):
     c = dict(G=6, BLOCK_M=32, M_CHUNKS=1, PAGE=16, BLOCK_N=64, VAL_W=lay.key_packed_size // units,
              SZ_W=lay.scale_offset // units, WM=1, WN=4, STAGES=1)
     c.update(KEY_BITS=8 if lay.key_fp8 else lay.key_bits, VAL_BITS=lay.value_bits, NORM_W=lay.mse_bytes // 2,
-             NORM_CORRECTION=lay.norm_correction, PREFETCH=False)
+             NORM_CORRECTION=lay.norm_correction, PREFETCH=False,
+             FOLD=lay.key_bits == 4)
     c.update(over)
     return c
 

@@ -43,6 +43,7 @@ try:
     _NIB3_POS_0, _NIB3_POS_1 = gl.constexpr(ptx.NIB3_POS[0]), gl.constexpr(ptx.NIB3_POS[1])
     _LUT8_0, _LUT8_1, _LUT8_2 = (gl.constexpr(x) for x in ptx.LUT8_POS)
     _LUT16_0, _LUT16_1, _LUT16_2 = (gl.constexpr(x) for x in ptx.LUT16_POS)
+    _LUT8S_0, _LUT8S_1, _LUT8S_2 = (gl.constexpr(x) for x in ptx.LUT8S_POS)
     _SQ_ACC = gl.constexpr(ptx.SQ_ACC)
     AVAILABLE = True
 except ImportError:  # pragma: no cover - depends on the Triton build
@@ -90,10 +91,15 @@ if AVAILABLE:
 
 
     @gluon.jit
-    def _lut_pos(x, t0, t1, t2, t3, t4, t5, t6, t7, SH: gl.constexpr, SH12: gl.constexpr, KEY_BITS: gl.constexpr):
+    def _lut_pos(x, t0, t1, t2, t3, t4, t5, t6, t7, SH: gl.constexpr, SH12: gl.constexpr, KEY_BITS: gl.constexpr,
+                 FOLD: gl.constexpr):
         # nibble position SH of two int16 index words -> two fp16 centroids (exact; ptx.LUT*_POS)
         if KEY_BITS == 3:
             return gl.inline_asm_elementwise(asm=_LUT8_0 + SH + _LUT8_1 + SH12 + _LUT8_2,
+                                             constraints="=r" + ",r" * 9, args=[x, t0, t1, t4, t5],
+                                             dtype=gl.float16, is_pure=True, pack=2)
+        elif FOLD:
+            return gl.inline_asm_elementwise(asm=_LUT8S_0 + SH + _LUT8S_1 + SH12 + _LUT8S_2,
                                              constraints="=r" + ",r" * 9, args=[x, t0, t1, t4, t5],
                                              dtype=gl.float16, is_pure=True, pack=2)
         else:
@@ -107,7 +113,7 @@ if AVAILABLE:
                                          is_pure=True, pack=2)
 
     @gluon.jit
-    def _field_words(row, ok, OFF: gl.constexpr, BITS: gl.constexpr, LW: gl.constexpr):
+    def _field_words(row, ok, OFF: gl.constexpr, BITS: gl.constexpr, LW: gl.constexpr, FOLD: gl.constexpr = False):
         """Words [BLOCK_N, 32] of one D=256 index field at halfword offset OFF of 2-byte-aligned
         slots (16-bit loads). 4-bit: packed nibbles as stored. 3-bit: each group of 8 indices
         (3 bytes) widened to 8 nibbles, so both widths leave element 4h+e at nibble e of halfword h."""
@@ -125,19 +131,28 @@ if AVAILABLE:
             x = (x & 0xFFF) | ((x & 0xFFF000) << 4)
             x = (x & 0x003F003F) | ((x & 0x0FC00FC0) << 2)
             x = (x & 0x07070707) | ((x & 0x38383838) << 1)
+        if FOLD:  # symmetric 4-bit codebook: index i < 8 -> 7 - i (bit 3, the sign, stays 0)
+            x = x ^ ((((~x) >> 3) & 0x11111111) * 7)
         return x
 
     @gluon.jit
-    def _stage_mse(KV16, bt_row, kv_off, stride_cb, stride_cp, tile_start, end,
+    def _tile_blocks(bt_row, tile_start, end, PAGE: gl.constexpr, BLOCK_N: gl.constexpr, LW: gl.constexpr):
+        """Block-table entries of one tile's positions (rows of the staging layout)."""
+        n = tile_start + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, LW))
+        return gl.load(bt_row + n // PAGE, mask=n < end, other=0)
+
+    @gluon.jit
+    def _stage_mse(KV16, blk, kv_off, stride_cb, stride_cp, tile_start, end,
                    PAGE: gl.constexpr, BLOCK_N: gl.constexpr, KEY_BITS: gl.constexpr, VAL_BITS: gl.constexpr,
-                   NORM_W: gl.constexpr, VAL_W: gl.constexpr, SZ_W: gl.constexpr, LW: gl.constexpr):
-        """One tile of MSE slots -> registers: key and value index words [BLOCK_N, 32], the key norm
-        (fp32) and the value scale|zero word per position (positions >= end read as zeros)."""
+                   NORM_W: gl.constexpr, VAL_W: gl.constexpr, SZ_W: gl.constexpr, LW: gl.constexpr,
+                   FOLD: gl.constexpr):
+        """One tile of MSE slots (block-table entries ``blk``) -> registers: key and value index
+        words [BLOCK_N, 32], the key norm (fp32) and the value scale|zero word per position
+        (positions >= end read as zeros)."""
         n = tile_start + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, LW))
         ok = n < end
-        blk = gl.load(bt_row + n // PAGE, mask=ok, other=0).to(gl.int64)
-        row = KV16 + (blk * stride_cb + kv_off + (n % PAGE) * stride_cp)
-        kw = _field_words(row, ok, 0, KEY_BITS, LW)
+        row = KV16 + (blk.to(gl.int64) * stride_cb + kv_off + (n % PAGE) * stride_cp)
+        kw = _field_words(row, ok, 0, KEY_BITS, LW, FOLD)
         vw = _field_words(row, ok, VAL_W, VAL_BITS, LW)
         nrm = gl.load(row + NORM_W, mask=ok, other=0).to(gl.float16, bitcast=True).to(gl.float32)
         sz = (gl.load(row + SZ_W, mask=ok, other=0).to(gl.int32) & 0xFFFF) \
@@ -145,11 +160,11 @@ if AVAILABLE:
         return kw, vw, nrm, sz
 
     @gluon.jit
-    def _lut_tables(LUT, KEY_BITS: gl.constexpr, BLOCK_N: gl.constexpr, opB: gl.constexpr):
+    def _lut_tables(LUT, KEY_BITS: gl.constexpr, BLOCK_N: gl.constexpr, opB: gl.constexpr, FOLD: gl.constexpr):
         """The codebook byte tables (LUT: low bytes then high bytes, 4 entries per word) as splat
         operands of the lookups (8-entry codebooks use t0, t1, t4, t5)."""
         zb = gl.full([16, BLOCK_N], 0, gl.int32, layout=opB)
-        NT: gl.constexpr = 2 ** KEY_BITS // 4
+        NT: gl.constexpr = 2 ** KEY_BITS // 4 if not FOLD else 2
         return (zb + gl.load(LUT), zb + gl.load(LUT + 1), zb + gl.load(LUT + (2 % (2 * NT))),
                 zb + gl.load(LUT + (3 % (2 * NT))), zb + gl.load(LUT + NT), zb + gl.load(LUT + NT + 1),
                 zb + gl.load(LUT + (NT + 2) % (2 * NT)), zb + gl.load(LUT + (NT + 3) % (2 * NT)))
@@ -166,13 +181,14 @@ if AVAILABLE:
         PAGE: gl.constexpr, BLOCK_N: gl.constexpr, VAL_W: gl.constexpr, SZ_W: gl.constexpr,
         WM: gl.constexpr, WN: gl.constexpr, STAGES: gl.constexpr,
         KEY_BITS: gl.constexpr = 8, VAL_BITS: gl.constexpr = 4, NORM_W: gl.constexpr = 0,
-        NORM_CORRECTION: gl.constexpr = False, PREFETCH: gl.constexpr = False,
+        NORM_CORRECTION: gl.constexpr = False, PREFETCH: gl.constexpr = False, FOLD: gl.constexpr = False,
     ):
         """KEY_BITS 8: fp8 (e4nv) keys, KV an int32 view, tiles staged by cp.async (STAGES deep);
         field offsets VAL_W / SZ_W in words. KEY_BITS 3/4: MSE keys (centroid indices, codebook
         bytes in LUT), KV an int16 view (slots are only 2-byte aligned), tiles staged through
-        registers by 16-bit loads (PREFETCH: the next tile's loads are issued before this tile's
-        products); offsets NORM_W / VAL_W / SZ_W in halfwords."""
+        registers by 16-bit loads (PREFETCH: the next tile's block-table entries are read while
+        this tile is staged); offsets NORM_W / VAL_W / SZ_W in halfwords. FOLD (4-bit keys of a
+        symmetric codebook): LUT holds the 8 positive entries, indices are folded when staged."""
         D: gl.constexpr = 256
         D4: gl.constexpr = 64
         NW: gl.constexpr = WM * WN
@@ -230,8 +246,7 @@ if AVAILABLE:
         if KEY_BITS != 8:
             # codebook bytes (LUT: low bytes then high bytes, 4 per word), as splat operands
             if PREFETCH:
-                kw_r, vw_r, nr_r, sz_r = _stage_mse(KV, bt_row, kv_off, stride_cb, stride_cp, start, end, PAGE,
-                                                    BLOCK_N, KEY_BITS, VAL_BITS, NORM_W, VAL_W, SZ_W, LW)
+                blk_n = _tile_blocks(bt_row, start, end, PAGE, BLOCK_N, LW)
         else:
             for i in gl.static_range(STAGES - 1):
                 if i < n_tiles:
@@ -254,22 +269,17 @@ if AVAILABLE:
         for it in range(0, n_tiles):
             tile_start = start + it * BLOCK_N
             if KEY_BITS != 8:
-                if PREFETCH:
-                    kw_smem.index(0).store(kw_r)
-                    vw_smem.index(0).store(vw_r)
-                    nr_smem.store(nr_r)
-                    sz_smem.index(0).store(sz_r)
-                    # the next tile's loads stay in flight during this tile's products
-                    kw_r, vw_r, nr_r, sz_r = _stage_mse(KV, bt_row, kv_off, stride_cb, stride_cp,
-                                                        tile_start + BLOCK_N, end, PAGE, BLOCK_N, KEY_BITS,
-                                                        VAL_BITS, NORM_W, VAL_W, SZ_W, LW)
+                if PREFETCH:  # this tile's block-table entries were read one tile ahead
+                    blk_c = blk_n
+                    blk_n = _tile_blocks(bt_row, tile_start + BLOCK_N, end, PAGE, BLOCK_N, LW)
                 else:
-                    kw_c, vw_c, nr_c, sz_c = _stage_mse(KV, bt_row, kv_off, stride_cb, stride_cp, tile_start, end,
-                                                        PAGE, BLOCK_N, KEY_BITS, VAL_BITS, NORM_W, VAL_W, SZ_W, LW)
-                    kw_smem.index(0).store(kw_c)
-                    vw_smem.index(0).store(vw_c)
-                    nr_smem.store(nr_c)
-                    sz_smem.index(0).store(sz_c)
+                    blk_c = _tile_blocks(bt_row, tile_start, end, PAGE, BLOCK_N, LW)
+                kw_c, vw_c, nr_c, sz_c = _stage_mse(KV, blk_c, kv_off, stride_cb, stride_cp, tile_start, end, PAGE,
+                                                    BLOCK_N, KEY_BITS, VAL_BITS, NORM_W, VAL_W, SZ_W, LW, FOLD)
+                kw_smem.index(0).store(kw_c)
+                vw_smem.index(0).store(vw_c)
+                nr_smem.store(nr_c)
+                sz_smem.index(0).store(sz_c)
                 _barrier()
                 st = 0
                 if _NEW_REINTERPRET:
@@ -291,16 +301,16 @@ if AVAILABLE:
             if KEY_BITS != 8:
                 ssq = gl.zeros([16, BLOCK_N], gl.float32, layout=opB)
                 # codebook tables reloaded per tile (L1 hits): not live while the tile is staged
-                t0, t1, t2, t3, t4, t5, t6, t7 = _lut_tables(LUT, KEY_BITS, BLOCK_N, opB)
+                t0, t1, t2, t3, t4, t5, t6, t7 = _lut_tables(LUT, KEY_BITS, BLOCK_N, opB, FOLD)
                 for c in gl.static_range(D4 // 16):
                     x = kwt.slice(16 * c, 16, dim=0).load(opB)  # [16 halfwords, BLOCK_N]
-                    k0 = _lut_pos(x, t0, t1, t2, t3, t4, t5, t6, t7, "0", "12", KEY_BITS)
+                    k0 = _lut_pos(x, t0, t1, t2, t3, t4, t5, t6, t7, "0", "12", KEY_BITS, FOLD)
                     s = mma_v2(q_smem.index(0).slice(16 * c, 16, dim=1).load(opA), k0, s)
-                    k1 = _lut_pos(x, t0, t1, t2, t3, t4, t5, t6, t7, "4", "16", KEY_BITS)
+                    k1 = _lut_pos(x, t0, t1, t2, t3, t4, t5, t6, t7, "4", "16", KEY_BITS, FOLD)
                     s = mma_v2(q_smem.index(1).slice(16 * c, 16, dim=1).load(opA), k1, s)
-                    k2 = _lut_pos(x, t0, t1, t2, t3, t4, t5, t6, t7, "8", "20", KEY_BITS)
+                    k2 = _lut_pos(x, t0, t1, t2, t3, t4, t5, t6, t7, "8", "20", KEY_BITS, FOLD)
                     s = mma_v2(q_smem.index(2).slice(16 * c, 16, dim=1).load(opA), k2, s)
-                    k3 = _lut_pos(x, t0, t1, t2, t3, t4, t5, t6, t7, "12", "24", KEY_BITS)
+                    k3 = _lut_pos(x, t0, t1, t2, t3, t4, t5, t6, t7, "12", "24", KEY_BITS, FOLD)
                     s = mma_v2(q_smem.index(3).slice(16 * c, 16, dim=1).load(opA), k3, s)
                     if NORM_CORRECTION:  # sum of squares: four values per fp16 partial, then fp32
                         sq = _sq_acc(k3, _sq_acc(k2, _sq_acc(k1, _sq_acc(k0, gl.zeros_like(k0)))))

@@ -38,5 +38,14 @@ LUT16_POS = ("{ .reg .b32 a, b, s, s8, s4, m, t0, t1, u0, u1, tl, th; shr.b32 a,
              "shl.b32 s4, s, 4; prmt.b32 m, s4, s, 0xC8; lop3.b32 tl, t1, t0, m, 0xE4; "
              "lop3.b32 th, u1, u0, m, 0xE4; prmt.b32 $0, tl, th, 0x5140; }")
 
+# 4-bit indices of a symmetric codebook (c[15-i] == -c[i]), staged folded: nibble bit 3 is the sign
+# (1: entries 8-15, positive), bits 0-2 the magnitude index k (entry 8+k, or 7-k negated). Lookup
+# in the 8 magnitudes (entries 8..15: L0 L1 H0 H1 = $2 $4 $6 $8) as LUT8_POS with the sign bits
+# masked out of the selector, then the fp16 sign set from the index's bit 3: 9 instructions.
+LUT8S_POS = ("{ .reg .b32 a, b, s, tl, th, t; shr.b32 a, $1, ", "; shr.b32 b, $1, ",
+             "; lop3.b32 s, a, b, 0xF, 0xE4; and.b32 s, s, 0x77; prmt.b32 tl, $2, $4, s; "
+             "prmt.b32 th, $6, $8, s; prmt.b32 tl, tl, th, 0x5140; shl.b32 t, a, 12; "
+             "lop3.b32 $0, tl, t, 0x80008000, 0xF2; }")
+
 # Packed fp16 square-accumulate of two values: $0 = $1 * $1 + $2 (norm correction's sum of squares).
 SQ_ACC = "fma.rn.f16x2 $0, $1, $1, $2;"

@@ -21,6 +21,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import math
+
 import torch
 import triton
 import triton.language as tl
@@ -722,35 +724,71 @@ V2_SHAPE_RULES = {
 }
 
 
-# Explicit-layout (Gluon) kernel, gluon_verify.py: where Triton has Gluon and the GPU converts fp8 in
-# hardware (SM >= 8.9), these presets take it instead of the v2 kernel. Measured on an H200
-# (benchmarks/profile_turboquant.py grid turboquant_grid_gluon*.json, RESULTS_turboquant.md):
-# one cp.async stage and at most 168 registers (3 programs per SM) is the fastest setting almost
-# everywhere (B = 64, K = 3, 32K, 24/4: 1.83 ms vs 2.09 ms with two stages, 2.44 ms for v2; plain
-# decode 1.46 ms, 52% of the HBM bound). WM x WN: warps along the rows (16 each, at most
-# BLOCK_M/16) x along the positions. MAX_BLOCK_M: query rows per program (more go to row chunks).
+# Explicit-layout (Gluon) kernel, gluon_verify.py: where Triton has Gluon, every preset takes it instead
+# of the v2 kernel (k8v4 on SM >= 8.9, which converts fp8 in hardware; the MSE presets on SM >= 8.0).
+# Measured on an H200 (benchmarks/profile_turboquant.py grid turboquant_grid_*.json, log in
+# SWEEP_turboquant.txt): one stage and at most 168 registers (3 programs per SM) is the fastest setting
+# almost everywhere (k8v4 B = 64, K = 3, 32K, 24/4: 1.83 ms vs 2.09 ms with two stages, 2.44 ms for v2).
+# WM x WN: warps along the rows (16 each, at most BLOCK_M/16) x along the positions. MAX_BLOCK_M: query
+# rows per program (more go to row chunks). SPLIT_FIT: split-KV count from gluon_num_kv_splits (whole
+# waves of 3 programs per SM: 1.05-1.2x over ~4 programs per SM on 12 of 13 grid cases).
+# MSE presets: tiles staged through registers (one shared buffer), PREFETCH reads the next tile's
+# block-table entries while this tile is staged (1.02-1.06x), FOLD looks 4-bit keys up in the
+# symmetric codebook's positive half (1.13x at 4bit_nc B = 64, K = 3, 32K).
 USE_GLUON = True
 GLUON_LAUNCH_DEFAULTS = {
-    "turboquant_k8v4": {"BLOCK_N": 64, "num_stages": 1, "WM": 1, "WN": 4, "maxnreg": 168, "MAX_BLOCK_M": 32},
-    # MSE presets: tiles staged through registers (one shared buffer); PREFETCH issues the next
-    # tile's loads before this tile's products
+    "turboquant_k8v4": {"BLOCK_N": 64, "num_stages": 1, "WM": 1, "WN": 4, "maxnreg": 168, "MAX_BLOCK_M": 32,
+                        "SPLIT_FIT": True},
     "turboquant_4bit_nc": {"BLOCK_N": 64, "num_stages": 1, "WM": 1, "WN": 4, "maxnreg": 168, "MAX_BLOCK_M": 32,
-                           "PREFETCH": False},
+                           "PREFETCH": True, "FOLD": True, "SPLIT_FIT": True},
     "turboquant_k3v4_nc": {"BLOCK_N": 64, "num_stages": 1, "WM": 1, "WN": 4, "maxnreg": 168, "MAX_BLOCK_M": 32,
-                           "PREFETCH": False},
+                           "PREFETCH": True, "FOLD": True, "SPLIT_FIT": True},
     "turboquant_3bit_nc": {"BLOCK_N": 64, "num_stages": 1, "WM": 1, "WN": 4, "maxnreg": 168, "MAX_BLOCK_M": 32,
-                           "PREFETCH": False},
+                           "PREFETCH": True, "FOLD": True, "SPLIT_FIT": True},
 }
 # First match wins; shapes only (see V2_SHAPE_RULES). Programs counted with 32-row chunks.
 #  - <= 8 programs (one request): two stages, no register cap: 1.08x over the default (B = 1, K = 3);
 #  - K+1 >= 5 (36+ rows): all rows in one 64-row program instead of two 32-row chunks (each chunk
 #    re-reads the tile), two stages: 1.10x at B = 64, 1.20x at B = 8 (32K), equal at B = 8 (4K).
+#  - MSE presets (one shared buffer, so no stage changes): <= 8 programs: no register cap, 1.10x
+#    (3bit_nc B = 1, K = 3, 32K); K+1 >= 5: one 64-row program, no cap, 1.12-1.18x (3bit_nc, 4bit_nc
+#    B = 64 and B = 8 at 32K, k3v4_nc B = 8 at 4K).
+_MSE_RULES = [
+    {"k1": (1, None), "programs": (1, 8), "set": {"maxnreg": None}},
+    {"k1": (5, None), "programs": (1, None), "set": {"MAX_BLOCK_M": 64, "maxnreg": None}},
+]
 GLUON_SHAPE_RULES = {
     "turboquant_k8v4": [
         {"k1": (1, None), "programs": (1, 8), "set": {"num_stages": 2, "maxnreg": None}},
         {"k1": (5, None), "programs": (1, None), "set": {"MAX_BLOCK_M": 64, "num_stages": 2, "maxnreg": None}},
     ],
+    "turboquant_4bit_nc": _MSE_RULES,
+    "turboquant_k3v4_nc": _MSE_RULES,
+    "turboquant_3bit_nc": _MSE_RULES,
 }
+
+
+def gluon_ctas_per_sm(cfg: dict) -> int:
+    """Programs of the Gluon kernel one SM holds at once, from its register cap (no cap: assume
+    255) and warps: 168 registers x 4 warps -> 3. (Shared memory allows at least as many at the
+    shipped one-stage settings: 38-46 KB per program.)"""
+    regs = cfg.get("maxnreg") or 255
+    warps = cfg["WM"] * cfg["WN"]
+    return max(1, 65536 // (regs * 32 * warps))
+
+
+def gluon_num_kv_splits(programs: int, device: torch.device, max_splits: int, ctas_per_sm: int,
+                        min_fill: float = 0.85) -> int:
+    """Split count that fills whole waves: the smallest s whose programs x s make at least ~one wave
+    of the GPU's program slots (SMs x ctas_per_sm) and fill their last wave to ``min_fill``. A split
+    count that leaves a last wave mostly empty costs that whole wave (H200, k8v4 plain decode 16/2,
+    B = 64, 32K: 5 splits = 1.6 waves 0.895 ms, 3 splits = 0.97 waves 0.750 ms). Shapes only."""
+    slots = _num_sms(device) * ctas_per_sm
+    for s in range(1, max_splits + 1):
+        w = programs * s / slots
+        if w >= 0.9 and w / math.ceil(w) >= min_fill:
+            return s
+    return int(max(1, min(max_splits, triton.cdiv(slots, max(1, programs)))))
 
 
 def _apply_rules(cfg: dict, rules, num_reqs: int, num_kv_heads: int, k1: int, m_chunks: int) -> dict:
@@ -883,7 +921,9 @@ def turboquant_verify_attention(
     m_chunks = triton.cdiv(rows, block_m)
     max_splits = workspace.max_kv_splits if workspace is not None else DEFAULT_MAX_KV_SPLITS
     v2 = v2_launch_config(preset, b, hk, k1, m_chunks) if kv16 is not None else {}
-    if kv16 is not None:
+    if gcfg is not None and gcfg.get("SPLIT_FIT") and not gcfg.get("SPLIT_WAVES"):
+        splits = num_kv_splits or gluon_num_kv_splits(b * hk * m_chunks, dev, max_splits, gluon_ctas_per_sm(gcfg))
+    elif kv16 is not None:
         waves = (gcfg or v2).get("SPLIT_WAVES")
         splits = num_kv_splits or v2_num_kv_splits(b, hk, m_chunks, dev, max_splits, waves)
     else:
@@ -935,9 +975,10 @@ def turboquant_verify_attention(
             kv, lut, units = kv32, kv32, 4
             mse = {}
         else:
-            kv, lut, units = kv16, codebook_bytes(cent), 2
+            fold = bool(lay.key_bits == 4 and gcfg.get("FOLD", True) and _symmetric_codebook(cent))
+            kv, lut, units = kv16, codebook_bytes(cent[cent.numel() // 2:] if fold else cent), 2
             mse = dict(KEY_BITS=lay.key_bits, VAL_BITS=lay.value_bits, NORM_W=lay.mse_bytes // 2,
-                       NORM_CORRECTION=lay.norm_correction, PREFETCH=bool(gcfg.get("PREFETCH", False)))
+                       NORM_CORRECTION=lay.norm_correction, PREFETCH=bool(gcfg.get("PREFETCH", False)), FOLD=fold)
         GV._tq_verify_gluon[(hk * m_chunks, b, splits)](
             q16, kv, block_table, seq_lens, lut, mid,
             q16.stride(0), q16.stride(1),
@@ -1039,6 +1080,22 @@ def _gluon_usable(lay, kv32, fp8_e4b15: bool, dev: torch.device, d: int) -> bool
     if lay.key_fp8:
         return bool(lay.value_bits == 4 and kv32 is not None and not fp8_e4b15 and cap >= (8, 9))
     return cap >= (8, 0)
+
+
+_SYMMETRIC: dict = {}  # (data_ptr, version, n) -> the fp16 codebook is symmetric (c[n-1-i] == -c[i])
+
+
+def _symmetric_codebook(centroids: torch.Tensor) -> bool:
+    """True when the fp16 codebook is exactly symmetric, so 4-bit keys can be looked up in its 8
+    positive entries (ptx.LUT8S_POS). Checked once per codebook tensor (a host sync); while a CUDA
+    graph is being captured an unchecked codebook is taken as not symmetric (the general lookup)."""
+    key = (centroids.data_ptr(), centroids._version, centroids.numel(), str(centroids.device))
+    if key not in _SYMMETRIC:
+        if centroids.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            return False
+        c16 = centroids.detach().to("cpu", torch.float16)
+        _SYMMETRIC[key] = bool(torch.equal(c16, -c16.flip(0)))
+    return _SYMMETRIC[key]
 
 
 def codebook_bytes(centroids: torch.Tensor) -> torch.Tensor:
