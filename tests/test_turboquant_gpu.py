@@ -181,16 +181,21 @@ def test_gluon_k8v4_matches_reference(layout, heads, k1, warps, block_n, stages,
 
     if not GV.AVAILABLE or torch.cuda.get_device_capability() < (8, 9):
         pytest.skip("needs Triton with Gluon and SM >= 8.9")
-    preset = "turboquant_k8v4"
+    _check_gluon_settings("turboquant_k8v4", {"BLOCK_N": block_n, "num_stages": stages, "WM": warps[0],
+                                              "WN": warps[1], "MAX_BLOCK_M": max_bm}, heads, k1, layout, "gluon_k8v4")
+
+
+def _check_gluon_settings(preset, cfg, heads, k1, layout, kernel):
+    """One Gluon launch setting (shape rules off) against the float64 reference, on requests with
+    a padding entry (length 0) and one of length 2 whose first K+1-2 rows see nothing (zeros)."""
     saved, saved_rules = dict(TV.GLUON_LAUNCH_DEFAULTS[preset]), TV.GLUON_SHAPE_RULES
-    TV.GLUON_LAUNCH_DEFAULTS[preset] = {"BLOCK_N": block_n, "num_stages": stages, "WM": warps[0], "WN": warps[1],
-                                        "MAX_BLOCK_M": max_bm}
+    TV.GLUON_LAUNCH_DEFAULTS[preset] = cfg
     TV.GLUON_SHAPE_RULES = {}
     try:
         hq, hk = heads
         lens = [k1 + 3, 0, 700, 4096 + k1, 2]
         out, ref, _ = run_both(preset, lens, hq, hk, k1, layout=layout, num_kv_splits=3)
-        assert TV.LAST_KERNEL == "gluon_k8v4"
+        assert TV.LAST_KERNEL == kernel
     finally:
         TV.GLUON_LAUNCH_DEFAULTS[preset], TV.GLUON_SHAPE_RULES = saved, saved_rules
     assert torch.isfinite(out).all()
@@ -221,21 +226,7 @@ def test_gluon_mse_matches_reference(preset, layout, heads, k1, cfg):
 
     if not GV.AVAILABLE:
         pytest.skip("needs Triton with Gluon")
-    saved, saved_rules = dict(TV.GLUON_LAUNCH_DEFAULTS[preset]), TV.GLUON_SHAPE_RULES
-    TV.GLUON_LAUNCH_DEFAULTS[preset] = {**saved, **cfg}
-    TV.GLUON_SHAPE_RULES = {}
-    try:
-        hq, hk = heads
-        lens = [k1 + 3, 0, 700, 4096 + k1, 2]
-        out, ref, _ = run_both(preset, lens, hq, hk, k1, layout=layout, num_kv_splits=3)
-        assert TV.LAST_KERNEL == "gluon_mse"
-    finally:
-        TV.GLUON_LAUNCH_DEFAULTS[preset], TV.GLUON_SHAPE_RULES = saved, saved_rules
-    assert torch.isfinite(out).all()
-    assert rel_err(out, ref) < 3e-3
-    assert out[k1:2 * k1].abs().max().item() == 0.0  # padding request (length 0)
-    if k1 > 2:  # the request of length 2: its first K+1-2 rows see no position
-        assert out[4 * k1:5 * k1 - 2].abs().max().item() == 0.0
+    _check_gluon_settings(preset, {**TV.GLUON_LAUNCH_DEFAULTS[preset], **cfg}, heads, k1, layout, "gluon_mse")
 
 
 @pytest.mark.parametrize("preset", MSE_PRESETS)

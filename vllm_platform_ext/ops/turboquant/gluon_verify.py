@@ -244,8 +244,7 @@ if AVAILABLE:
         bt_row = BT + b.to(gl.int64) * stride_bt
         kv_off = kvh.to(gl.int64) * stride_ch
         if KEY_BITS != 8:
-            # codebook bytes (LUT: low bytes then high bytes, 4 per word), as splat operands
-            if PREFETCH:
+            if PREFETCH:  # block-table entries of the first tile (then one tile ahead)
                 blk_n = _tile_blocks(bt_row, start, end, PAGE, BLOCK_N, LW)
         else:
             for i in gl.static_range(STAGES - 1):

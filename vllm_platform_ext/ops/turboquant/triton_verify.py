@@ -685,7 +685,7 @@ def v2_num_kv_splits(num_reqs: int, num_kv_heads: int, m_chunks: int, device: to
 
 # v2 kernel (word loads): per key type
 USE_V2 = True
-LAST_KERNEL = ""  # which stage-1 kernel the last call launched: "gluon_k8v4", "v2" or "v1" (tests, profiling)
+LAST_KERNEL = ""  # stage-1 kernel of the last call: "gluon_k8v4", "gluon_mse", "v2" or "v1" (tests, profiling)
 V2_SPLIT_WAVES = 4
 V2_LAUNCH_DEFAULTS = {
     # Per preset, measured best on an H200 (B=64, K=3, 32K context, 24/4 heads, vLLM's page layout;
@@ -858,7 +858,7 @@ def turboquant_verify_attention(
     ``int32[>=B, max_blocks]``; seq_lens ``int32[B]`` (context length including the K+1 new
     tokens, which must already be stored). Returns ``[B*(K+1), Hq, D]`` in query dtype
     (written into ``out`` when given). ``num_query_per_req = 1`` is plain decode.
-    ``gluon=False`` keeps k8v4 on the Triton kernel (None: the Gluon kernel where it can run).
+    ``gluon=False`` keeps every preset on the Triton kernel (None: the Gluon kernel where it can run).
     """
     if query.dim() != 3:
         raise ValueError(f"query must be [tokens, num_q_heads, head_dim], got shape {tuple(query.shape)}")
