@@ -117,6 +117,10 @@ def test_folded_symmetric_lookup_every_index_pair():
     cent = L.lloyd_max_centroids(256, 4)
     assert _symmetric_codebook(cent)
     assert not _symmetric_codebook(cent + 1e-3)
+    bent = cent.clone()
+    assert _symmetric_codebook(bent)
+    bent[0] += 1e-2  # changed in place: re-checked (tensor version), no stale answer
+    assert not _symmetric_codebook(bent)
     c16 = cent.to(torch.float16)
     tabs = [int(t) & 0xFFFFFFFF for t in codebook_bytes(cent[8:])]
     ops_tabs = [t for t in tabs for _ in range(2)]

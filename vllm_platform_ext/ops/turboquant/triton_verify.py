@@ -22,6 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import math
+import weakref
 
 import torch
 import triton
@@ -1082,20 +1083,23 @@ def _gluon_usable(lay, kv32, fp8_e4b15: bool, dev: torch.device, d: int) -> bool
     return cap >= (8, 0)
 
 
-_SYMMETRIC: dict = {}  # (data_ptr, version, n) -> the fp16 codebook is symmetric (c[n-1-i] == -c[i])
+_SYMMETRIC: dict = {}  # id(codebook) -> (weakref to it, its version, symmetric?)
 
 
 def _symmetric_codebook(centroids: torch.Tensor) -> bool:
-    """True when the fp16 codebook is exactly symmetric, so 4-bit keys can be looked up in its 8
-    positive entries (ptx.LUT8S_POS). Checked once per codebook tensor (a host sync); while a CUDA
-    graph is being captured an unchecked codebook is taken as not symmetric (the general lookup)."""
-    key = (centroids.data_ptr(), centroids._version, centroids.numel(), str(centroids.device))
-    if key not in _SYMMETRIC:
-        if centroids.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-            return False
-        c16 = centroids.detach().to("cpu", torch.float16)
-        _SYMMETRIC[key] = bool(torch.equal(c16, -c16.flip(0)))
-    return _SYMMETRIC[key]
+    """True when the fp16 codebook is exactly symmetric (c[n-1-i] == -c[i]), so 4-bit keys can be
+    looked up in its 8 positive entries (ptx.LUT8S_POS). Checked once per codebook tensor and
+    version (a host sync; the cache entry dies with the tensor); while a CUDA graph is being
+    captured an unchecked codebook is taken as not symmetric (the general 16-entry lookup)."""
+    hit = _SYMMETRIC.get(id(centroids))
+    if hit is not None and hit[0]() is centroids and hit[1] == centroids._version:
+        return hit[2]
+    if centroids.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        return False
+    c16 = centroids.detach().to("cpu", torch.float16)
+    sym = bool(torch.equal(c16, -c16.flip(0)))
+    _SYMMETRIC[id(centroids)] = (weakref.ref(centroids), centroids._version, sym)
+    return sym
 
 
 def codebook_bytes(centroids: torch.Tensor) -> torch.Tensor:
