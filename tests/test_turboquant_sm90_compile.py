@@ -94,3 +94,20 @@ def test_gluon_mse_compiles_for_sm90(aot, preset, fold):
     # four reloads (L1 hits) per tile of ~2000 instructions, no stores
     assert sum(op.startswith("LDL") for op in body) <= 4 and not any(op.startswith("STL") for op in body), \
         f"{preset}: spills in the tile loop {res}"
+
+
+@pytest.mark.parametrize("preset", ["turboquant_4bit_nc", "turboquant_3bit_nc"])
+def test_gluon_mse_compiles_for_ampere(aot, preset):
+    """The MSE presets take the Gluon kernel from SM 8.0 on (no fp8 conversion in their path):
+    it builds for sm_80 with this Triton's ptxas, tensor cores and ldmatrix included. The GPU
+    machine here is Hopper, so this is the check Ampere gets."""
+    from vllm_platform_ext.ops.turboquant import gluon_verify as GV
+
+    if not GV.AVAILABLE:
+        pytest.skip("this Triton has no Gluon")
+    import aot_gluon  # tools/
+
+    k = aot_gluon.compile_gluon(aot_gluon.consts_for(preset), maxnreg=168, arch=80)
+    ops, sass, res = aot.stats(k)
+    for ins in ("PRMT", "HMMA", "LDSM", "HFMA2"):
+        assert ins in ops, f"{preset} sm_80: expected {ins} in the SASS"

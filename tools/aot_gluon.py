@@ -31,7 +31,7 @@ def consts_for(preset="turboquant_k8v4", **over):
     return c
 
 
-def compile_gluon(consts, maxnreg=None):
+def compile_gluon(consts, maxnreg=None, arch=90):
     fn = GV._tq_verify_gluon
     sig, constexprs, attrs = A.signature(fn, consts)
     sig["KV"] = "*i32" if consts.get("KEY_BITS", 8) == 8 else "*i16"  # the cache's word view
@@ -40,7 +40,7 @@ def compile_gluon(consts, maxnreg=None):
     opts = {"num_warps": consts["WM"] * consts["WN"]}
     if maxnreg:
         opts["maxnreg"] = maxnreg
-    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=opts)
+    return triton.compile(src, target=GPUTarget("cuda", arch, 32), options=opts)
 
 
 if __name__ == "__main__":
