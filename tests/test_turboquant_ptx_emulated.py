@@ -121,6 +121,15 @@ def test_folded_symmetric_lookup_every_index_pair():
     assert _symmetric_codebook(bent)
     bent[0] += 1e-2  # changed in place: re-checked (tensor version), no stale answer
     assert not _symmetric_codebook(bent)
+    from vllm_platform_ext.ops.turboquant.triton_verify import _CODEBOOKS, _codebook_tables
+
+    lut, fold = _codebook_tables(cent, 4, True)
+    assert fold and lut.numel() == 4 and _codebook_tables(cent, 4, True)[0] is lut  # built once
+    full, fold = _codebook_tables(cent, 4, False)
+    assert not fold and full.numel() == 8 and _codebook_tables(cent, 4, False)[0] is full
+    key = id(bent)
+    del bent
+    assert key not in _CODEBOOKS  # the entry dies with its tensor
     c16 = cent.to(torch.float16)
     tabs = [int(t) & 0xFFFFFFFF for t in codebook_bytes(cent[8:])]
     ops_tabs = [t for t in tabs for _ in range(2)]

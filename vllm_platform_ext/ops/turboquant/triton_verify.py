@@ -973,11 +973,11 @@ def turboquant_verify_attention(
         wm = min(gcfg["WM"], block_m // 16)  # warps along the rows (16 each) x along the positions
         wn = gcfg["WN"]
         if lay.key_fp8:
-            kv, lut, units = kv32, kv32, 4
+            kv, lut, units = kv32, kv32, 4  # (no codebook: any pointer for LUT)
             mse = {}
         else:
-            fold = bool(lay.key_bits == 4 and gcfg.get("FOLD", True) and _symmetric_codebook(cent))
-            kv, lut, units = kv16, codebook_bytes(cent[cent.numel() // 2:] if fold else cent), 2
+            lut, fold = _codebook_tables(cent, lay.key_bits, gcfg.get("FOLD", True))
+            kv, units = kv16, 2
             mse = dict(KEY_BITS=lay.key_bits, VAL_BITS=lay.value_bits, NORM_W=lay.mse_bytes // 2,
                        NORM_CORRECTION=lay.norm_correction, PREFETCH=bool(gcfg.get("PREFETCH", False)), FOLD=fold)
         GV._tq_verify_gluon[(hk * m_chunks, b, splits)](
@@ -1083,23 +1083,45 @@ def _gluon_usable(lay, kv32, fp8_e4b15: bool, dev: torch.device, d: int) -> bool
     return cap >= (8, 0)
 
 
-_SYMMETRIC: dict = {}  # id(codebook) -> (weakref to it, its version, symmetric?)
+_CODEBOOKS: dict = {}  # id(codebook) -> (weakref to it, its version, symmetric?, {fold: byte tables})
+
+
+def _codebook_entry(centroids: torch.Tensor):
+    """Cache entry of one codebook tensor (checked once per tensor and version: a host sync; the
+    entry dies with the tensor), or None while a CUDA graph is being captured and the tensor has
+    no entry yet."""
+    key = id(centroids)
+    hit = _CODEBOOKS.get(key)
+    if hit is not None and hit[0]() is centroids and hit[1] == centroids._version:
+        return hit
+    if centroids.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        return None
+    c16 = centroids.detach().to("cpu", torch.float16)
+    entry = (weakref.ref(centroids, lambda _ref, k=key: _CODEBOOKS.pop(k, None)), centroids._version,
+             bool(torch.equal(c16, -c16.flip(0))), {})
+    _CODEBOOKS[key] = entry
+    return entry
 
 
 def _symmetric_codebook(centroids: torch.Tensor) -> bool:
     """True when the fp16 codebook is exactly symmetric (c[n-1-i] == -c[i]), so 4-bit keys can be
-    looked up in its 8 positive entries (ptx.LUT8S_POS). Checked once per codebook tensor and
-    version (a host sync; the cache entry dies with the tensor); while a CUDA graph is being
-    captured an unchecked codebook is taken as not symmetric (the general 16-entry lookup)."""
-    hit = _SYMMETRIC.get(id(centroids))
-    if hit is not None and hit[0]() is centroids and hit[1] == centroids._version:
-        return hit[2]
-    if centroids.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-        return False
-    c16 = centroids.detach().to("cpu", torch.float16)
-    sym = bool(torch.equal(c16, -c16.flip(0)))
-    _SYMMETRIC[id(centroids)] = (weakref.ref(centroids), centroids._version, sym)
-    return sym
+    looked up in its 8 positive entries (ptx.LUT8S_POS). An unchecked codebook during CUDA-graph
+    capture counts as not symmetric (the general 16-entry lookup)."""
+    entry = _codebook_entry(centroids)
+    return bool(entry and entry[2])
+
+
+def _codebook_tables(centroids: torch.Tensor, key_bits: int, allow_fold: bool) -> tuple[torch.Tensor, bool]:
+    """(byte tables for the Gluon kernel, fold?): 4-bit keys of a symmetric codebook use its positive
+    half. Built once per codebook tensor and version; during capture without an entry, per call."""
+    fold = bool(key_bits == 4 and allow_fold and _symmetric_codebook(centroids))
+    entry = _codebook_entry(centroids)
+    if entry is not None and fold in entry[3]:
+        return entry[3][fold], fold
+    lut = codebook_bytes(centroids[centroids.numel() // 2:] if fold else centroids)
+    if entry is not None:
+        entry[3][fold] = lut
+    return lut, fold
 
 
 def codebook_bytes(centroids: torch.Tensor) -> torch.Tensor:
