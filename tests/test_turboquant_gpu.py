@@ -171,18 +171,20 @@ def test_portable_and_asm_dequant_agree(preset):
 @pytest.mark.parametrize("layout", ["vllm", "head"])
 @pytest.mark.parametrize("heads", [(24, 4), (16, 2)])
 @pytest.mark.parametrize("k1,warps", [(1, (1, 4)), (4, (1, 4)), (4, (2, 2)), (6, (1, 4))])
-@pytest.mark.parametrize("block_n,stages,max_bm", [(64, 1, 32), (64, 2, 64), (128, 3, 32)])
-def test_gluon_k8v4_matches_reference(layout, heads, k1, warps, block_n, stages, max_bm):
+@pytest.mark.parametrize("block_n,stages,max_bm,prefetch", [(64, 1, 32, False), (64, 2, 64, False),
+                                                           (128, 3, 32, False), (64, 1, 32, True), (64, 2, 32, True)])
+def test_gluon_k8v4_matches_reference(layout, heads, k1, warps, block_n, stages, max_bm, prefetch):
     """The explicit-layout (Gluon) k8v4 kernel: masked tails, split-KV, row chunks (K+1 = 6:
     36 rows in two chunks of 32, or one of 64), one to three cp.async stages, a padding request and
-    rows that see nothing give zeros."""
+    rows that see nothing give zeros; block-table entries read one issue ahead (PREFETCH)."""
     _need_cuda()
     from vllm_platform_ext.ops.turboquant import gluon_verify as GV
 
     if not GV.AVAILABLE or torch.cuda.get_device_capability() < (8, 9):
         pytest.skip("needs Triton with Gluon and SM >= 8.9")
     _check_gluon_settings("turboquant_k8v4", {"BLOCK_N": block_n, "num_stages": stages, "WM": warps[0],
-                                              "WN": warps[1], "MAX_BLOCK_M": max_bm}, heads, k1, layout, "gluon_k8v4")
+                                              "WN": warps[1], "MAX_BLOCK_M": max_bm, "PREFETCH": prefetch},
+                          heads, k1, layout, "gluon_k8v4")
 
 
 def _check_gluon_settings(preset, cfg, heads, k1, layout, kernel):

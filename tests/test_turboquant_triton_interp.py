@@ -208,7 +208,8 @@ def test_gluon_rules_and_fallback():
     base = TV.GLUON_LAUNCH_DEFAULTS["turboquant_k8v4"]
     assert (base["num_stages"], base["maxnreg"], base["MAX_BLOCK_M"]) == (1, 168, 32)
     assert TV.gluon_launch_config("turboquant_k8v4", 64, 4, 4, 1) == base  # 256 programs, K = 3
-    assert TV.gluon_launch_config("turboquant_k8v4", 8, 4, 1, 1) == base  # 32 programs, K = 0
+    c = TV.gluon_launch_config("turboquant_k8v4", 8, 4, 1, 1)  # 32 programs, K = 0: block table ahead
+    assert c == {**base, "PREFETCH": True}
     c = TV.gluon_launch_config("turboquant_k8v4", 1, 4, 4, 1)  # 4 programs
     assert (c["num_stages"], c["maxnreg"], c["MAX_BLOCK_M"]) == (2, None, 32)
     c = TV.gluon_launch_config("turboquant_k8v4", 8, 4, 6, 2)  # K = 5, 64 programs

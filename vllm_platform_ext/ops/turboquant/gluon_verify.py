@@ -73,16 +73,15 @@ if AVAILABLE:
         return a0 + b0, a1 + b1
 
     @gluon.jit
-    def _issue(KV32, bt_row, kv_off32, stride_cb32, stride_cp32, tile_start, end, kw_buf, vw_buf, sz_buf,
+    def _issue(KV32, blk, kv_off32, stride_cb32, stride_cp32, tile_start, end, kw_buf, vw_buf, sz_buf,
                PAGE: gl.constexpr, BLOCK_N: gl.constexpr, VAL_W32: gl.constexpr, SZ_W32: gl.constexpr,
                LW: gl.constexpr):
         """cp.async of one tile's key words [BLOCK_N, 64], value words [BLOCK_N, 32] and
-        scale/zero word [BLOCK_N] (positions >= end read as zeros). One block-table read and one
-        64-bit row address per (thread, row) serve all three copies."""
+        scale/zero word [BLOCK_N] (positions >= end read as zeros), block-table entries ``blk``
+        (``_tile_blocks``). One 64-bit row address per (thread, row) serves all three copies."""
         n = tile_start + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, LW))
         ok = n < end
-        blk = gl.load(bt_row + n // PAGE, mask=ok, other=0).to(gl.int64)
-        row = KV32 + (blk * stride_cb32 + kv_off32 + (n % PAGE) * stride_cp32)
+        row = KV32 + (blk.to(gl.int64) * stride_cb32 + kv_off32 + (n % PAGE) * stride_cp32)
         cw = gl.arange(0, 64, layout=gl.SliceLayout(0, LW))
         _cp_async(kw_buf, row[:, None] + cw[None, :], mask=ok[:, None])
         cv = gl.arange(0, 32, layout=gl.SliceLayout(0, LW))
@@ -183,8 +182,8 @@ if AVAILABLE:
         KEY_BITS: gl.constexpr = 8, VAL_BITS: gl.constexpr = 4, NORM_W: gl.constexpr = 0,
         NORM_CORRECTION: gl.constexpr = False, PREFETCH: gl.constexpr = False, FOLD: gl.constexpr = False,
     ):
-        """KEY_BITS 8: fp8 (e4nv) keys, KV an int32 view, tiles staged by cp.async (STAGES deep);
-        field offsets VAL_W / SZ_W in words. KEY_BITS 3/4: MSE keys (centroid indices, codebook
+        """KEY_BITS 8: fp8 (e4nv) keys, KV an int32 view, tiles staged by cp.async (STAGES deep;
+        PREFETCH: block-table entries read one issue ahead); field offsets VAL_W / SZ_W in words. KEY_BITS 3/4: MSE keys (centroid indices, codebook
         bytes in LUT), KV an int16 view (slots are only 2-byte aligned), tiles staged through
         registers by 16-bit loads (PREFETCH: the next tile's block-table entries are read while
         this tile is staged); offsets NORM_W / VAL_W / SZ_W in halfwords. FOLD (4-bit keys of a
@@ -249,10 +248,12 @@ if AVAILABLE:
         else:
             for i in gl.static_range(STAGES - 1):
                 if i < n_tiles:
-                    _issue(KV, bt_row, kv_off, stride_cb, stride_cp, start + i * BLOCK_N, end,
-                           kw_smem.index(i), vw_smem.index(i), sz_smem.index(i), PAGE, BLOCK_N, VAL_W, SZ_W,
-                           LW)
+                    _issue(KV, _tile_blocks(bt_row, start + i * BLOCK_N, end, PAGE, BLOCK_N, LW), kv_off, stride_cb,
+                           stride_cp, start + i * BLOCK_N, end, kw_smem.index(i), vw_smem.index(i), sz_smem.index(i),
+                           PAGE, BLOCK_N, VAL_W, SZ_W, LW)
                 cp.commit_group()
+            if PREFETCH:  # block-table entries of the next tile to issue (then one issue ahead)
+                blk_n = _tile_blocks(bt_row, start + (STAGES - 1) * BLOCK_N, end, PAGE, BLOCK_N, LW)
 
         rows = mc * BLOCK_M + gl.arange(0, BLOCK_M, layout=ROW)
         lim = seq_len - K1 + 1 + rows // G
@@ -288,7 +289,12 @@ if AVAILABLE:
             else:
                 nxt = it + STAGES - 1
                 if nxt < n_tiles:
-                    _issue(KV, bt_row, kv_off, stride_cb, stride_cp, start + nxt * BLOCK_N, end,
+                    if PREFETCH:  # entries read one issue ahead; read the following tile's now
+                        blk_c = blk_n
+                        blk_n = _tile_blocks(bt_row, start + (nxt + 1) * BLOCK_N, end, PAGE, BLOCK_N, LW)
+                    else:
+                        blk_c = _tile_blocks(bt_row, start + nxt * BLOCK_N, end, PAGE, BLOCK_N, LW)
+                    _issue(KV, blk_c, kv_off, stride_cb, stride_cp, start + nxt * BLOCK_N, end,
                            kw_smem.index(nxt % STAGES), vw_smem.index(nxt % STAGES), sz_smem.index(nxt % STAGES),
                            PAGE, BLOCK_N, VAL_W, SZ_W, LW)
                 cp.commit_group()

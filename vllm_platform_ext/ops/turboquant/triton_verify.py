@@ -751,6 +751,8 @@ GLUON_LAUNCH_DEFAULTS = {
 #  - <= 8 programs (one request): two stages, no register cap: 1.08x over the default (B = 1, K = 3);
 #  - K+1 >= 5 (36+ rows): all rows in one 64-row program instead of two 32-row chunks (each chunk
 #    re-reads the tile), two stages: 1.10x at B = 64, 1.20x at B = 8 (32K), equal at B = 8 (4K).
+#  - plain decode (K+1 = 1) over > 8 programs: block-table entries read one issue ahead (PREFETCH):
+#    1.02-1.04x (k8v4 B = 32/64, 24/4 and 16/2); at K = 3 it is 0.99-1.00x, so verify batches keep off.
 #  - MSE presets (one shared buffer, so no stage changes): <= 8 programs: no register cap, 1.10x
 #    (3bit_nc B = 1, K = 3, 32K); K+1 >= 5: one 64-row program, no cap, 1.12-1.18x (3bit_nc, 4bit_nc
 #    B = 64 and B = 8 at 32K, k3v4_nc B = 8 at 4K).
@@ -762,6 +764,7 @@ GLUON_SHAPE_RULES = {
     "turboquant_k8v4": [
         {"k1": (1, None), "programs": (1, 8), "set": {"num_stages": 2, "maxnreg": None}},
         {"k1": (5, None), "programs": (1, None), "set": {"MAX_BLOCK_M": 64, "num_stages": 2, "maxnreg": None}},
+        {"k1": (1, 1), "programs": (9, None), "set": {"PREFETCH": True}},
     ],
     "turboquant_4bit_nc": _MSE_RULES,
     "turboquant_k3v4_nc": _MSE_RULES,
@@ -974,7 +977,7 @@ def turboquant_verify_attention(
         wn = gcfg["WN"]
         if lay.key_fp8:
             kv, lut, units = kv32, kv32, 4  # (no codebook: any pointer for LUT)
-            mse = {}
+            mse = dict(PREFETCH=bool(gcfg.get("PREFETCH", False)))
         else:
             lut, fold = _codebook_tables(cent, lay.key_bits, gcfg.get("FOLD", True))
             kv, units = kv16, 2
