@@ -953,7 +953,7 @@ def turboquant_verify_attention(
     if n == 0:
         return out
 
-    if kv16 is not None:
+    if kv16 is not None and gcfg is None:  # the v2 kernel's launch values
         if BLOCK_N:
             v2["BLOCK_N"] = BLOCK_N
         if block_m >= 64 and "WARPS_M64" in v2:
@@ -1117,8 +1117,8 @@ def _symmetric_codebook(centroids: torch.Tensor) -> bool:
 def _codebook_tables(centroids: torch.Tensor, key_bits: int, allow_fold: bool) -> tuple[torch.Tensor, bool]:
     """(byte tables for the Gluon kernel, fold?): 4-bit keys of a symmetric codebook use its positive
     half. Built once per codebook tensor and version; during capture without an entry, per call."""
-    fold = bool(key_bits == 4 and allow_fold and _symmetric_codebook(centroids))
     entry = _codebook_entry(centroids)
+    fold = bool(key_bits == 4 and allow_fold and entry and entry[2])
     if entry is not None and fold in entry[3]:
         return entry[3][fold], fold
     lut = codebook_bytes(centroids[centroids.numel() // 2:] if fold else centroids)
