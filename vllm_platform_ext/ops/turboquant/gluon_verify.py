@@ -8,8 +8,9 @@ workspace, combined by ``_tq_verify_stage2`` with ``SPLIT4``), but every layout 
 * raw key words (4 fp8 bytes) and value words (2 x 4 nibbles) go global -> shared memory with
   ``cp.async`` (STAGES-deep ring) and come out of shared memory straight in the MMA operand
   layout, where they are converted in registers (no dequantized tile is written anywhere);
-* the fp16 query (scaled, sub-tile e = head dim elements 4j+e) sits in shared memory once and
-  is read per 16-wide chunk, so no warp holds the whole query in registers;
+* the fp16 query (scaled, its head dim in the order of the key decodes:
+  ``triton_verify.gluon_query_order``) sits in shared memory once and is read per 16-wide
+  chunk, so no warp holds the whole query in registers;
 * softmax weights go through a small shared tile to the second product;
 * warps split both the rows and the tile's positions (``WM x WN``).
 
@@ -17,8 +18,10 @@ MSE presets: slots (262/230/198 bytes) are only 2-byte aligned, so their tiles g
 registers by 16-bit loads and are written to shared memory as index words, 3-bit groups widened
 to nibbles on the way (then every index field has element 4h+e at nibble e of halfword h, like
 4-bit fields). Keys become fp16 centroids in the operand layout through byte permutes over the
-codebook held in registers (``ptx.LUT8_POS`` / ``LUT16_POS``); the norm correction's sum of
-squares is accumulated next to the products (``ptx.SQ_ACC``).
+codebook held in registers, a whole index word (8 centroids) per lookup (``ptx.LUT8W`` /
+``LUT8SW`` / ``LUT16W``; the query is ordered to match their output pairs); the norm correction's
+sum of squares is accumulated next to the products (``ptx.SQ_ACC``). Value words of every preset
+decode four nibble positions per call (``ptx.NIB4W`` / ``NIB3W``).
 
 Imports only torch and Triton; :data:`AVAILABLE` is False where Triton has no Gluon.
 """
@@ -38,12 +41,9 @@ try:
     _barrier = gl.barrier if hasattr(gl, "barrier") else gl.thread_barrier
     # shared-memory reinterpretation: ``reinterpret`` in newer Gluon, ``_reinterpret`` in 3.6
     _NEW_REINTERPRET = gl.constexpr(hasattr(gl.shared_memory_descriptor, "reinterpret"))
-    _FP8_POS_0, _FP8_POS_1 = gl.constexpr(ptx.FP8_POS[0]), gl.constexpr(ptx.FP8_POS[1])
-    _NIB_POS_0, _NIB_POS_1 = gl.constexpr(ptx.NIB_POS[0]), gl.constexpr(ptx.NIB_POS[1])
-    _NIB3_POS_0, _NIB3_POS_1 = gl.constexpr(ptx.NIB3_POS[0]), gl.constexpr(ptx.NIB3_POS[1])
-    _LUT8_0, _LUT8_1, _LUT8_2 = (gl.constexpr(x) for x in ptx.LUT8_POS)
-    _LUT16_0, _LUT16_1, _LUT16_2 = (gl.constexpr(x) for x in ptx.LUT16_POS)
-    _LUT8S_0, _LUT8S_1, _LUT8S_2 = (gl.constexpr(x) for x in ptx.LUT8S_POS)
+    _FP8W = gl.constexpr(ptx.FP8W)
+    _NIB4W, _NIB3W = gl.constexpr(ptx.NIB4W), gl.constexpr(ptx.NIB3W)
+    _LUT8W, _LUT8SW, _LUT16W = gl.constexpr(ptx.LUT8W), gl.constexpr(ptx.LUT8SW), gl.constexpr(ptx.LUT16W)
     _SQ_ACC = gl.constexpr(ptx.SQ_ACC)
     AVAILABLE = True
 except ImportError:  # pragma: no cover - depends on the Triton build
@@ -52,21 +52,21 @@ except ImportError:  # pragma: no cover - depends on the Triton build
 if AVAILABLE:
 
     @gluon.jit
-    def _fp8_pos(w, SEL: gl.constexpr):
-        # byte position SEL of two e4m3 key words -> two fp16 (exact; ptx.FP8_POS)
-        return gl.inline_asm_elementwise(asm=_FP8_POS_0 + SEL + _FP8_POS_1, constraints="=r,r,r", args=[w],
-                                         dtype=gl.float16, is_pure=True, pack=2)
+    def _fp8_wide(w):
+        # two e4m3 key words (k-rows 2t, 2t+1) -> 4 x two fp16: bytes (0, 1), (2, 3) of each (exact; ptx.FP8W)
+        return gl.inline_asm_elementwise(asm=_FP8W, constraints="=r,=r,=r,=r,r,r", args=[w],
+                                         dtype=(gl.float16,) * 4, is_pure=True, pack=2)
 
     @gluon.jit
-    def _nib_pos(h, SHIFT: gl.constexpr, BITS: gl.constexpr):
-        # nibble position SHIFT of two int16 value words -> two fp16 ``nibble - 8`` (``- 4`` for
-        # 3-bit indices) (exact; ptx.NIB_POS / NIB3_POS)
+    def _nib_wide(h, BITS: gl.constexpr):
+        # the 4 nibble positions of two int16 value words -> 4 x two fp16 ``nibble - 8`` (``- 4``
+        # for 3-bit indices) (exact; ptx.NIB4W / NIB3W)
         if BITS == 4:
-            return gl.inline_asm_elementwise(asm=_NIB_POS_0 + SHIFT + _NIB_POS_1, constraints="=r,r", args=[h],
-                                             dtype=gl.float16, is_pure=True, pack=2)
+            return gl.inline_asm_elementwise(asm=_NIB4W, constraints="=r,=r,=r,=r,r", args=[h],
+                                             dtype=(gl.float16,) * 4, is_pure=True, pack=2)
         else:
-            return gl.inline_asm_elementwise(asm=_NIB3_POS_0 + SHIFT + _NIB3_POS_1, constraints="=r,r", args=[h],
-                                             dtype=gl.float16, is_pure=True, pack=2)
+            return gl.inline_asm_elementwise(asm=_NIB3W, constraints="=r,=r,=r,=r,r", args=[h],
+                                             dtype=(gl.float16,) * 4, is_pure=True, pack=2)
 
     @gluon.jit
     def _add2(a0, a1, b0, b1):
@@ -90,21 +90,21 @@ if AVAILABLE:
 
 
     @gluon.jit
-    def _lut_pos(x, t0, t1, t2, t3, t4, t5, t6, t7, SH: gl.constexpr, SH12: gl.constexpr, KEY_BITS: gl.constexpr,
-                 FOLD: gl.constexpr):
-        # nibble position SH of two int16 index words -> two fp16 centroids (exact; ptx.LUT*_POS)
+    def _lut_wide(x, t0, t1, t2, t3, t4, t5, t6, t7, KEY_BITS: gl.constexpr, FOLD: gl.constexpr):
+        # one staged index word (two int16 halfwords a, b) -> 4 x two fp16 centroids
+        # (a0, a1), (a2, a3), (b0, b1), (b2, b3) (exact; ptx.LUT8W / LUT8SW / LUT16W)
         if KEY_BITS == 3:
-            return gl.inline_asm_elementwise(asm=_LUT8_0 + SH + _LUT8_1 + SH12 + _LUT8_2,
-                                             constraints="=r" + ",r" * 9, args=[x, t0, t1, t4, t5],
-                                             dtype=gl.float16, is_pure=True, pack=2)
+            return gl.inline_asm_elementwise(asm=_LUT8W, constraints="=r,=r,=r,=r,r" + ",r" * 8,
+                                             args=[x, t0, t1, t4, t5], dtype=(gl.float16,) * 4, is_pure=True,
+                                             pack=2)
         elif FOLD:
-            return gl.inline_asm_elementwise(asm=_LUT8S_0 + SH + _LUT8S_1 + SH12 + _LUT8S_2,
-                                             constraints="=r" + ",r" * 9, args=[x, t0, t1, t4, t5],
-                                             dtype=gl.float16, is_pure=True, pack=2)
+            return gl.inline_asm_elementwise(asm=_LUT8SW, constraints="=r,=r,=r,=r,r" + ",r" * 8,
+                                             args=[x, t0, t1, t4, t5], dtype=(gl.float16,) * 4, is_pure=True,
+                                             pack=2)
         else:
-            return gl.inline_asm_elementwise(asm=_LUT16_0 + SH + _LUT16_1 + SH12 + _LUT16_2,
-                                             constraints="=r,r" + ",r" * 16, args=[x, t0, t1, t2, t3, t4, t5, t6, t7],
-                                             dtype=gl.float16, is_pure=True, pack=2)
+            return gl.inline_asm_elementwise(asm=_LUT16W, constraints="=r,=r,=r,=r,r" + ",r" * 16,
+                                             args=[x, t0, t1, t2, t3, t4, t5, t6, t7], dtype=(gl.float16,) * 4,
+                                             is_pure=True, pack=2)
 
     @gluon.jit
     def _sq_acc(v, acc):
@@ -309,13 +309,12 @@ if AVAILABLE:
                 t0, t1, t2, t3, t4, t5, t6, t7 = _lut_tables(LUT, KEY_BITS, BLOCK_N, opB, FOLD)
                 for c in gl.static_range(D4 // 16):
                     x = kwt.slice(16 * c, 16, dim=0).load(opB)  # [16 halfwords, BLOCK_N]
-                    k0 = _lut_pos(x, t0, t1, t2, t3, t4, t5, t6, t7, "0", "12", KEY_BITS, FOLD)
+                    # sub-tile m pairs the word's halfword m // 2, nibbles 2 (m % 2) and 2 (m % 2) + 1
+                    # (the host orders the query to match: triton_verify.gluon_query_order)
+                    k0, k1, k2, k3 = _lut_wide(x, t0, t1, t2, t3, t4, t5, t6, t7, KEY_BITS, FOLD)
                     s = mma_v2(q_smem.index(0).slice(16 * c, 16, dim=1).load(opA), k0, s)
-                    k1 = _lut_pos(x, t0, t1, t2, t3, t4, t5, t6, t7, "4", "16", KEY_BITS, FOLD)
                     s = mma_v2(q_smem.index(1).slice(16 * c, 16, dim=1).load(opA), k1, s)
-                    k2 = _lut_pos(x, t0, t1, t2, t3, t4, t5, t6, t7, "8", "20", KEY_BITS, FOLD)
                     s = mma_v2(q_smem.index(2).slice(16 * c, 16, dim=1).load(opA), k2, s)
-                    k3 = _lut_pos(x, t0, t1, t2, t3, t4, t5, t6, t7, "12", "24", KEY_BITS, FOLD)
                     s = mma_v2(q_smem.index(3).slice(16 * c, 16, dim=1).load(opA), k3, s)
                     if NORM_CORRECTION:  # sum of squares: four values per fp16 partial, then fp32
                         sq = _sq_acc(k3, _sq_acc(k2, _sq_acc(k1, _sq_acc(k0, gl.zeros_like(k0)))))
@@ -327,10 +326,11 @@ if AVAILABLE:
             else:
                 for c in gl.static_range(D4 // 16):
                     w = kwt.slice(16 * c, 16, dim=0).load(opB)
-                    s = mma_v2(q_smem.index(0).slice(16 * c, 16, dim=1).load(opA), _fp8_pos(w, "0x40"), s)
-                    s = mma_v2(q_smem.index(1).slice(16 * c, 16, dim=1).load(opA), _fp8_pos(w, "0x51"), s)
-                    s = mma_v2(q_smem.index(2).slice(16 * c, 16, dim=1).load(opA), _fp8_pos(w, "0x62"), s)
-                    s = mma_v2(q_smem.index(3).slice(16 * c, 16, dim=1).load(opA), _fp8_pos(w, "0x73"), s)
+                    k0, k1, k2, k3 = _fp8_wide(w)  # (query ordered to match: triton_verify.gluon_query_order)
+                    s = mma_v2(q_smem.index(0).slice(16 * c, 16, dim=1).load(opA), k0, s)
+                    s = mma_v2(q_smem.index(1).slice(16 * c, 16, dim=1).load(opA), k1, s)
+                    s = mma_v2(q_smem.index(2).slice(16 * c, 16, dim=1).load(opA), k2, s)
+                    s = mma_v2(q_smem.index(3).slice(16 * c, 16, dim=1).load(opA), k3, s)
             n = tile_start + gl.arange(0, BLOCK_N, layout=COL)
             visible = (n < end)[None, :] & (n[None, :] < lim[:, None])
             s = gl.where(visible, s, float("-inf"))
@@ -363,10 +363,11 @@ if AVAILABLE:
             for kc in gl.static_range(BLOCK_N // 16):
                 pa = p_smem.slice(16 * kc, 16, dim=1).load(opA)
                 h = vh.slice(16 * kc, 16, dim=0).load(opB)
-                acc0 = mma_v2(pa, _nib_pos(h, "0", VAL_BITS), acc0)
-                acc1 = mma_v2(pa, _nib_pos(h, "4", VAL_BITS), acc1)
-                acc2 = mma_v2(pa, _nib_pos(h, "8", VAL_BITS), acc2)
-                acc3 = mma_v2(pa, _nib_pos(h, "12", VAL_BITS), acc3)
+                v0, v1, v2, v3 = _nib_wide(h, VAL_BITS)
+                acc0 = mma_v2(pa, v0, acc0)
+                acc1 = mma_v2(pa, v1, acc1)
+                acc2 = mma_v2(pa, v2, acc2)
+                acc3 = mma_v2(pa, v3, acc3)
             m_i = m_new
             _barrier()
         if KEY_BITS == 8:
