@@ -171,9 +171,10 @@ def test_portable_and_asm_dequant_agree(preset):
 @pytest.mark.parametrize("layout", ["vllm", "head"])
 @pytest.mark.parametrize("heads", [(24, 4), (16, 2)])
 @pytest.mark.parametrize("k1,warps", [(1, (1, 4)), (4, (1, 4)), (4, (2, 2)), (6, (1, 4))])
-@pytest.mark.parametrize("block_n,stages,max_bm,prefetch", [(64, 1, 32, False), (64, 2, 64, False),
-                                                           (128, 3, 32, False), (64, 1, 32, True), (64, 2, 32, True)])
-def test_gluon_k8v4_matches_reference(layout, heads, k1, warps, block_n, stages, max_bm, prefetch):
+@pytest.mark.parametrize("block_n,stages,max_bm,extra", [
+    (64, 1, 32, {}), (64, 2, 64, {}), (128, 3, 32, {}), (64, 1, 32, {"PREFETCH": True}), (64, 2, 32, {"PREFETCH": True}),
+])
+def test_gluon_k8v4_matches_reference(layout, heads, k1, warps, block_n, stages, max_bm, extra):
     """The explicit-layout (Gluon) k8v4 kernel: masked tails, split-KV, row chunks (K+1 = 6:
     36 rows in two chunks of 32, or one of 64), one to three cp.async stages, a padding request and
     rows that see nothing give zeros; block-table entries read one issue ahead (PREFETCH)."""
@@ -183,7 +184,7 @@ def test_gluon_k8v4_matches_reference(layout, heads, k1, warps, block_n, stages,
     if not GV.AVAILABLE or torch.cuda.get_device_capability() < (8, 9):
         pytest.skip("needs Triton with Gluon and SM >= 8.9")
     _check_gluon_settings("turboquant_k8v4", {"BLOCK_N": block_n, "num_stages": stages, "WM": warps[0],
-                                              "WN": warps[1], "MAX_BLOCK_M": max_bm, "PREFETCH": prefetch},
+                                              "WN": warps[1], "MAX_BLOCK_M": max_bm, **extra},
                           heads, k1, layout, "gluon_k8v4")
 
 
@@ -197,6 +198,8 @@ def _check_gluon_settings(preset, cfg, heads, k1, layout, kernel):
         hq, hk = heads
         lens = [k1 + 3, 0, 700, 4096 + k1, 2]
         out, ref, _ = run_both(preset, lens, hq, hk, k1, layout=layout, num_kv_splits=3)
+        if k1 * hq // hk <= 8 and cfg.get("DECODE8", True):  # <= 8 rows: the transposed kernel
+            kernel = kernel.replace("gluon_", "gluon8_")
         assert TV.LAST_KERNEL == kernel
     finally:
         TV.GLUON_LAUNCH_DEFAULTS[preset], TV.GLUON_SHAPE_RULES = saved, saved_rules
@@ -229,6 +232,32 @@ def test_gluon_mse_matches_reference(preset, layout, heads, k1, cfg):
     if not GV.AVAILABLE:
         pytest.skip("needs Triton with Gluon")
     _check_gluon_settings(preset, {**TV.GLUON_LAUNCH_DEFAULTS[preset], **cfg}, heads, k1, layout, "gluon_mse")
+
+
+@pytest.mark.parametrize("preset", PRESETS)
+@pytest.mark.parametrize("heads,k1", [((24, 4), 1), ((16, 2), 1), ((8, 2), 2), ((32, 8), 2)])
+@pytest.mark.parametrize("cfg", [{}, {"BLOCK_N": 32, "num_stages": 1}, {"BLOCK_N": 128, "maxnreg": None},
+                                 {"WM": 1, "WN": 2}, {"PREFETCH": False}])
+def test_gluon_small_rows_transposed_and_row_major_agree(preset, heads, k1, cfg):
+    """At most 8 query rows per (request, KV head) (plain decode; K+1 = 2 with GQA 4) take the
+    transposed kernel (``_tq_decode8_gluon``: rows as the MMA's N); it and the row-major kernel
+    (DECODE8 off) both match the float64 reference, including the in-chunk causal mask at K+1 = 2,
+    a padding request and a request shorter than K+1."""
+    _need_cuda()
+    from vllm_platform_ext.ops.turboquant import gluon_verify as GV
+
+    need = (8, 9) if preset == "turboquant_k8v4" else (8, 0)
+    if not GV.AVAILABLE or torch.cuda.get_device_capability() < need:
+        pytest.skip("needs Triton with Gluon and the preset's SM")
+    base = {**TV.GLUON_LAUNCH_DEFAULTS[preset], **cfg}
+    outs = []
+    for decode8 in (True, False):
+        _check_gluon_settings(preset, {**base, "DECODE8": decode8}, heads, k1, "vllm",
+                              "gluon_k8v4" if preset == "turboquant_k8v4" else "gluon_mse")
+        torch.manual_seed(3)
+        out, _, _ = run_both(preset, [k1 + 1000, 5], *heads, k1, layout="vllm", num_kv_splits=2)
+        outs.append(out)
+    assert rel_err(outs[0], outs[1]) < 3e-3
 
 
 @pytest.mark.parametrize("preset", MSE_PRESETS)
@@ -417,7 +446,7 @@ def _sanitize_sweep() -> None:
                         (2, {"BLOCK_N": 128, "maxnreg": None})):
             TV.GLUON_LAUNCH_DEFAULTS[preset] = {**saved, **cfg}
             out, ref, _ = run_both(preset, [k1 + (37 + 397 * i) % 3000 for i in range(9)], 24, 4, k1, layout="vllm")
-            assert TV.LAST_KERNEL == "gluon_mse"
+            assert TV.LAST_KERNEL == ("gluon8_mse" if k1 == 1 else "gluon_mse")
             worst = max(worst, rel_err(out, ref))
         TV.GLUON_LAUNCH_DEFAULTS[preset] = saved
     torch.cuda.synchronize()

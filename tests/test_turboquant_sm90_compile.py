@@ -112,3 +112,30 @@ def test_gluon_mse_compiles_for_ampere(aot, preset):
     ops, sass, res = aot.stats(k)
     for ins in ("PRMT", "HMMA", "LDSM", "HFMA2"):
         assert ins in ops, f"{preset} sm_80: expected {ins} in the SASS"
+
+
+@pytest.mark.parametrize("preset,arch", [("turboquant_k8v4", 90), ("turboquant_4bit_nc", 90),
+                                         ("turboquant_3bit_nc", 90), ("turboquant_k3v4_nc", 80)])
+def test_gluon_decode8_compiles(aot, preset, arch):
+    """The transposed kernel for <= 8 query rows (``_tq_decode8_gluon``) builds: the decoded key
+    and value words feed the tensor cores as A operands against 8 query rows (the MMA's N), so a
+    64-position tile takes half the MMAs of the row-major kernel's 16-row tile (32 per warp, not
+    64), with no spills."""
+    from vllm_platform_ext.ops.turboquant import gluon_verify as GV
+
+    if not GV.AVAILABLE:
+        pytest.skip("this Triton has no Gluon")
+    import aot_gluon  # tools/
+    import aot_loop  # tools/
+
+    consts = aot_gluon.consts_for(preset, PREFETCH=True)
+    k = aot_gluon.compile_gluon(consts, maxnreg=168, arch=arch, decode8=True)
+    ops, sass, res = aot.stats(k)
+    for ins in ("HMMA", "LDSM") + (("F2FP.F16.E4M3.UNPACK_B", "LDGSTS") if preset == "turboquant_k8v4" else ("PRMT",)):
+        assert ins in sass, f"{preset} sm_{arch}: expected {ins} in the SASS"
+    body = aot_loop.loop_body(sass)
+    assert sum(op.startswith("HMMA") for op in body) == 32, "16 key + 16 value MMAs per warp per 64-position tile"
+    row_major = aot_loop.loop_body(aot.stats(aot_gluon.compile_gluon(
+        aot_gluon.consts_for(preset, PREFETCH=True, BLOCK_M=16), maxnreg=168, arch=arch))[1])
+    assert sum(op.startswith("HMMA") for op in row_major) == 64
+    assert not any(op.startswith(("LDL", "STL")) for op in body), f"{preset}: spills {res}"

@@ -73,6 +73,10 @@ if AVAILABLE:
         return a0 + b0, a1 + b1
 
     @gluon.jit
+    def _max2(a0, a1, b0, b1):
+        return gl.maximum(a0, b0), gl.maximum(a1, b1)
+
+    @gluon.jit
     def _issue(KV32, blk, kv_off32, stride_cb32, stride_cp32, tile_start, end, kw_buf, vw_buf, sz_buf,
                PAGE: gl.constexpr, BLOCK_N: gl.constexpr, VAL_W32: gl.constexpr, SZ_W32: gl.constexpr,
                LW: gl.constexpr):
@@ -159,10 +163,10 @@ if AVAILABLE:
         return kw, vw, nrm, sz
 
     @gluon.jit
-    def _lut_tables(LUT, KEY_BITS: gl.constexpr, BLOCK_N: gl.constexpr, opB: gl.constexpr, FOLD: gl.constexpr):
+    def _lut_tables(LUT, zb, KEY_BITS: gl.constexpr, FOLD: gl.constexpr):
         """The codebook byte tables (LUT: low bytes then high bytes, 4 entries per word) as splat
-        operands of the lookups (8-entry codebooks use t0, t1, t4, t5)."""
-        zb = gl.full([16, BLOCK_N], 0, gl.int32, layout=opB)
+        operands of the lookups, shaped like ``zb`` (zeros in the index operand's layout; 8-entry
+        codebooks use t0, t1, t4, t5)."""
         NT: gl.constexpr = 2 ** KEY_BITS // 4 if not FOLD else 2
         return (zb + gl.load(LUT), zb + gl.load(LUT + 1), zb + gl.load(LUT + (2 % (2 * NT))),
                 zb + gl.load(LUT + (3 % (2 * NT))), zb + gl.load(LUT + NT), zb + gl.load(LUT + NT + 1),
@@ -306,7 +310,8 @@ if AVAILABLE:
             if KEY_BITS != 8:
                 ssq = gl.zeros([16, BLOCK_N], gl.float32, layout=opB)
                 # codebook tables reloaded per tile (L1 hits): not live while the tile is staged
-                t0, t1, t2, t3, t4, t5, t6, t7 = _lut_tables(LUT, KEY_BITS, BLOCK_N, opB, FOLD)
+                t0, t1, t2, t3, t4, t5, t6, t7 = _lut_tables(LUT, gl.full([16, BLOCK_N], 0, gl.int32, layout=opB),
+                                                            KEY_BITS, FOLD)
                 for c in gl.static_range(D4 // 16):
                     x = kwt.slice(16 * c, 16, dim=0).load(opB)  # [16 halfwords, BLOCK_N]
                     # sub-tile m pairs the word's halfword m // 2, nibbles 2 (m % 2) and 2 (m % 2) + 1
@@ -334,15 +339,18 @@ if AVAILABLE:
             n = tile_start + gl.arange(0, BLOCK_N, layout=COL)
             visible = (n < end)[None, :] & (n[None, :] < lim[:, None])
             s = gl.where(visible, s, float("-inf"))
-            m_new = gl.maximum(m_i, gl.max(s, axis=1))
+            sz = sz_smem.index(st).load(COL)
+            v_scale = (sz & 0xFFFF).to(gl.int16).to(gl.float16, bitcast=True).to(gl.float32)
+            v_zero = (sz >> 16).to(gl.int16).to(gl.float16, bitcast=True).to(gl.float32)
+            # one cross-warp reduction for both maxima: the rows' scores and the tile's value scale
+            # (the latter comes out per row, all equal)
+            s_row, v_row = gl.reduce((s, gl.zeros_like(s) + v_scale[None, :]), 1, _max2)
+            m_new = gl.maximum(m_i, s_row)
             m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
             alpha = gl.exp2(m_i - m_use)
             p = gl.exp2(s - m_use[:, None])
 
-            sz = sz_smem.index(st).load(COL)
-            v_scale = (sz & 0xFFFF).to(gl.int16).to(gl.float16, bitcast=True).to(gl.float32)
-            v_zero = (sz >> 16).to(gl.int16).to(gl.float16, bitcast=True).to(gl.float32)
-            s_max = gl.maximum(gl.max(v_scale, axis=0), 6e-8)
+            s_max = gl.maximum(gl.max(v_row, axis=0), 6e-8)  # (the rows are within each warp)
             w16 = (p * (v_scale / s_max)[None, :]).to(gl.float16)
             # one reduction for both row sums: sum p, and the zero points + centring offset (HALF per index)
             lsum, rsum = gl.reduce((p, p * v_zero[None, :] + (HALF * s_max) * w16.to(gl.float32)), 1, _add2)
@@ -387,4 +395,217 @@ if AVAILABLE:
         gl.store(mp + D4, acc1 * ci[:, None] + ri[:, None], mask=okr[:, None])
         gl.store(mp + 2 * D4, acc2 * ci[:, None] + ri[:, None], mask=okr[:, None])
         gl.store(mp + 3 * D4, acc3 * ci[:, None] + ri[:, None], mask=okr[:, None])
+        gl.store(mid + D, lse2, mask=okr)
+
+    @gluon.jit
+    def _tq_decode8_gluon(
+        Q16, KV, BT, SEQ, LUT, MID,
+        stride_qn, stride_qh,
+        stride_cb, stride_cp, stride_ch,
+        stride_bt,
+        stride_mr, stride_mh, stride_ms,
+        K1, NUM_SPLITS,
+        G: gl.constexpr, PAGE: gl.constexpr, BLOCK_N: gl.constexpr, VAL_W: gl.constexpr, SZ_W: gl.constexpr,
+        NW: gl.constexpr, STAGES: gl.constexpr,
+        KEY_BITS: gl.constexpr = 8, VAL_BITS: gl.constexpr = 4, NORM_W: gl.constexpr = 0,
+        NORM_CORRECTION: gl.constexpr = False, PREFETCH: gl.constexpr = False, FOLD: gl.constexpr = False,
+    ):
+        """:func:`_tq_verify_gluon` for at most 8 query rows per (request, KV head) (plain decode,
+        GQA <= 8): the transposed products S^T = K Q^T and O^T = V^T P^T, so the rows are the
+        tensor cores' N (8) instead of a 16-row M that is mostly padding. Positions (and the value
+        head dim) are the M side, split over NW warps; the decoded key and value words are the A
+        operands, the query and the softmax weights the B operands (both from shared memory). Same
+        inputs, staging, decodes, query order and workspace output as the row-major kernel."""
+        D: gl.constexpr = 256
+        D4: gl.constexpr = 64
+        R: gl.constexpr = 8
+        mma: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[NW, 1], instr_shape=[16, 8])
+        opA: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
+        opB: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=mma, k_width=2)
+        LW: gl.constexpr = gl.BlockedLayout([1, 1], [4, 8], [NW, 1], [1, 0])
+        LQ: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [NW, 1], [1, 0])
+        POS: gl.constexpr = gl.SliceLayout(1, mma)  # along the positions / value head dim (M)
+        QR: gl.constexpr = gl.SliceLayout(0, mma)  # along the query rows (N)
+        sh_w: gl.constexpr = gl.SwizzledSharedLayout(vec=8, per_phase=1, max_phase=8, order=[1, 0])
+        sh_v32: gl.constexpr = gl.SwizzledSharedLayout(vec=4, per_phase=1, max_phase=8, order=[1, 0])
+        sh_v16: gl.constexpr = gl.SwizzledSharedLayout(vec=8, per_phase=1, max_phase=8, order=[1, 0])
+        sh_s: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0])
+        sh_h: gl.constexpr = gl.SwizzledSharedLayout(vec=8, per_phase=1, max_phase=8, order=[1, 0])
+        sh_p: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[1, 0])
+        if KEY_BITS != 8:
+            gl.static_assert(STAGES == 1, "MSE tiles are staged through registers: one shared buffer")
+        HALF: gl.constexpr = 2.0 ** (VAL_BITS - 1)
+
+        b = gl.program_id(1)
+        kvh = gl.program_id(0)
+        sid = gl.program_id(2)
+        seq_len = gl.load(SEQ + b)
+        split_len = gl.cdiv(gl.cdiv(seq_len, NUM_SPLITS), BLOCK_N) * BLOCK_N
+        start = sid * split_len
+        end = gl.minimum(start + split_len, seq_len)
+        n_tiles = gl.cdiv(gl.maximum(end - start, 0), BLOCK_N)
+
+        # query -> shared memory, four sub-tiles [R, 64] (rows >= K1 * G zero)
+        q_smem = gl.allocate_shared_memory(gl.float16, [4, R, D4], sh_h)
+        mq = gl.arange(0, R, layout=gl.SliceLayout(1, LQ))
+        okq = mq < K1 * G
+        qrow = (b * K1 + mq // G).to(gl.int64) * stride_qn + (kvh * G + mq % G).to(gl.int64) * stride_qh
+        jq = gl.arange(0, D4, layout=gl.SliceLayout(0, LQ))
+        for e in gl.static_range(4):
+            qv = gl.load(Q16 + (qrow[:, None] + e * D4 + jq[None, :]), mask=okq[:, None], other=0.0)
+            q_smem.index(e).store(qv)
+
+        if KEY_BITS != 8:
+            kw_smem = gl.allocate_shared_memory(gl.int32, [STAGES, BLOCK_N, D4 // 2], sh_v32)
+            nr_smem = gl.allocate_shared_memory(gl.float32, [BLOCK_N], sh_s)
+        else:
+            kw_smem = gl.allocate_shared_memory(gl.int32, [STAGES, BLOCK_N, D4], sh_w)
+        vw_smem = gl.allocate_shared_memory(gl.int32, [STAGES, BLOCK_N, D4 // 2], sh_v32)
+        sz_smem = gl.allocate_shared_memory(gl.int32, [STAGES, BLOCK_N], sh_s)
+        p_smem = gl.allocate_shared_memory(gl.float16, [BLOCK_N, R], sh_p)
+
+        bt_row = BT + b.to(gl.int64) * stride_bt
+        kv_off = kvh.to(gl.int64) * stride_ch
+        if KEY_BITS != 8:
+            if PREFETCH:
+                blk_n = _tile_blocks(bt_row, start, end, PAGE, BLOCK_N, LW)
+        else:
+            for i in gl.static_range(STAGES - 1):
+                if i < n_tiles:
+                    _issue(KV, _tile_blocks(bt_row, start + i * BLOCK_N, end, PAGE, BLOCK_N, LW), kv_off, stride_cb,
+                           stride_cp, start + i * BLOCK_N, end, kw_smem.index(i), vw_smem.index(i), sz_smem.index(i),
+                           PAGE, BLOCK_N, VAL_W, SZ_W, LW)
+                cp.commit_group()
+            if PREFETCH:
+                blk_n = _tile_blocks(bt_row, start + (STAGES - 1) * BLOCK_N, end, PAGE, BLOCK_N, LW)
+
+        rows = gl.arange(0, R, layout=QR)
+        lim = seq_len - K1 + 1 + rows // G
+        m_i = gl.full([R], float("-inf"), gl.float32, layout=QR)
+        l_i = gl.zeros([R], gl.float32, layout=QR)
+        r_i = gl.zeros([R], gl.float32, layout=QR)
+        c_i = gl.full([R], 1.0, gl.float32, layout=QR)
+        acc0 = gl.zeros([D4, R], gl.float32, layout=mma)  # O^T: value head dim x rows, sub-tile e
+        acc1 = gl.zeros([D4, R], gl.float32, layout=mma)
+        acc2 = gl.zeros([D4, R], gl.float32, layout=mma)
+        acc3 = gl.zeros([D4, R], gl.float32, layout=mma)
+
+        for it in range(0, n_tiles):
+            tile_start = start + it * BLOCK_N
+            if KEY_BITS != 8:
+                if PREFETCH:
+                    blk_c = blk_n
+                    blk_n = _tile_blocks(bt_row, tile_start + BLOCK_N, end, PAGE, BLOCK_N, LW)
+                else:
+                    blk_c = _tile_blocks(bt_row, tile_start, end, PAGE, BLOCK_N, LW)
+                kw_c, vw_c, nr_c, sz_c = _stage_mse(KV, blk_c, kv_off, stride_cb, stride_cp, tile_start, end, PAGE,
+                                                    BLOCK_N, KEY_BITS, VAL_BITS, NORM_W, VAL_W, SZ_W, LW, FOLD)
+                kw_smem.index(0).store(kw_c)
+                vw_smem.index(0).store(vw_c)
+                nr_smem.store(nr_c)
+                sz_smem.index(0).store(sz_c)
+                _barrier()
+                st = 0
+                if _NEW_REINTERPRET:
+                    kw16 = kw_smem.index(0).reinterpret(gl.int16, [BLOCK_N, D4], sh_v16)
+                else:
+                    kw16 = kw_smem.index(0)._reinterpret(gl.int16, [BLOCK_N, D4], sh_v16)
+            else:
+                nxt = it + STAGES - 1
+                if nxt < n_tiles:
+                    if PREFETCH:
+                        blk_c = blk_n
+                        blk_n = _tile_blocks(bt_row, start + (nxt + 1) * BLOCK_N, end, PAGE, BLOCK_N, LW)
+                    else:
+                        blk_c = _tile_blocks(bt_row, start + nxt * BLOCK_N, end, PAGE, BLOCK_N, LW)
+                    _issue(KV, blk_c, kv_off, stride_cb, stride_cp, start + nxt * BLOCK_N, end,
+                           kw_smem.index(nxt % STAGES), vw_smem.index(nxt % STAGES), sz_smem.index(nxt % STAGES),
+                           PAGE, BLOCK_N, VAL_W, SZ_W, LW)
+                cp.commit_group()
+                cp.wait_group(STAGES - 1)
+                _barrier()
+                st = it % STAGES
+            s = gl.zeros([BLOCK_N, R], gl.float32, layout=mma)  # S^T: positions x rows
+            if KEY_BITS != 8:
+                ssq = gl.zeros([BLOCK_N, 16], gl.float32, layout=opA)
+                t0, t1, t2, t3, t4, t5, t6, t7 = _lut_tables(LUT, gl.full([BLOCK_N, 16], 0, gl.int32, layout=opA),
+                                                            KEY_BITS, FOLD)
+                for c in gl.static_range(D4 // 16):
+                    x = kw16.slice(16 * c, 16, dim=1).load(opA)  # [BLOCK_N, 16 halfwords]
+                    k0, k1, k2, k3 = _lut_wide(x, t0, t1, t2, t3, t4, t5, t6, t7, KEY_BITS, FOLD)
+                    s = mma_v2(k0, q_smem.index(0).slice(16 * c, 16, dim=1).permute([1, 0]).load(opB), s)
+                    s = mma_v2(k1, q_smem.index(1).slice(16 * c, 16, dim=1).permute([1, 0]).load(opB), s)
+                    s = mma_v2(k2, q_smem.index(2).slice(16 * c, 16, dim=1).permute([1, 0]).load(opB), s)
+                    s = mma_v2(k3, q_smem.index(3).slice(16 * c, 16, dim=1).permute([1, 0]).load(opB), s)
+                    if NORM_CORRECTION:
+                        sq = _sq_acc(k3, _sq_acc(k2, _sq_acc(k1, _sq_acc(k0, gl.zeros_like(k0)))))
+                        ssq += sq.to(gl.float32)
+                k_mul = nr_smem.load(POS)
+                if NORM_CORRECTION:
+                    k_mul = k_mul / gl.sqrt(gl.convert_layout(gl.sum(ssq, axis=1), POS) + 1e-16)
+                s = s * k_mul[:, None]
+            else:
+                for c in gl.static_range(D4 // 16):
+                    w = kw_smem.index(st).slice(16 * c, 16, dim=1).load(opA)  # [BLOCK_N, 16 words]
+                    k0, k1, k2, k3 = _fp8_wide(w)
+                    s = mma_v2(k0, q_smem.index(0).slice(16 * c, 16, dim=1).permute([1, 0]).load(opB), s)
+                    s = mma_v2(k1, q_smem.index(1).slice(16 * c, 16, dim=1).permute([1, 0]).load(opB), s)
+                    s = mma_v2(k2, q_smem.index(2).slice(16 * c, 16, dim=1).permute([1, 0]).load(opB), s)
+                    s = mma_v2(k3, q_smem.index(3).slice(16 * c, 16, dim=1).permute([1, 0]).load(opB), s)
+            n = tile_start + gl.arange(0, BLOCK_N, layout=POS)
+            visible = (n < end)[:, None] & (n[:, None] < lim[None, :])
+            s = gl.where(visible, s, float("-inf"))
+            sz = sz_smem.index(st).load(POS)
+            v_scale = (sz & 0xFFFF).to(gl.int16).to(gl.float16, bitcast=True).to(gl.float32)
+            v_zero = (sz >> 16).to(gl.int16).to(gl.float16, bitcast=True).to(gl.float32)
+            s_row, v_row = gl.reduce((s, gl.zeros_like(s) + v_scale[:, None]), 0, _max2)
+            m_new = gl.maximum(m_i, s_row)
+            m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
+            alpha = gl.exp2(m_i - m_use)
+            p = gl.exp2(s - m_use[None, :])
+
+            s_max = gl.maximum(gl.max(v_row, axis=0), 6e-8)
+            w16 = (p * (v_scale / s_max)[:, None]).to(gl.float16)
+            lsum, rsum = gl.reduce((p, p * v_zero[:, None] + (HALF * s_max) * w16.to(gl.float32)), 0, _add2)
+            l_i = l_i * alpha + lsum
+            r_i = r_i * alpha + rsum
+            f = (alpha * (c_i / s_max))[None, :]
+            c_i = gl.full([R], 1.0, gl.float32, layout=QR) * s_max
+            acc0 = acc0 * f
+            acc1 = acc1 * f
+            acc2 = acc2 * f
+            acc3 = acc3 * f
+            p_smem.store(w16)
+            _barrier()
+            if _NEW_REINTERPRET:
+                vh = vw_smem.index(st).reinterpret(gl.int16, [BLOCK_N, D4], sh_v16)
+            else:
+                vh = vw_smem.index(st)._reinterpret(gl.int16, [BLOCK_N, D4], sh_v16)
+            for kc in gl.static_range(BLOCK_N // 16):
+                pb = p_smem.slice(16 * kc, 16, dim=0).load(opB)  # [16 positions, R]
+                h = vh.slice(16 * kc, 16, dim=0).permute([1, 0]).load(opA)  # [64 halfwords, 16 positions]
+                v0, v1, v2, v3 = _nib_wide(h, VAL_BITS)
+                acc0 = mma_v2(v0, pb, acc0)
+                acc1 = mma_v2(v1, pb, acc1)
+                acc2 = mma_v2(v2, pb, acc2)
+                acc3 = mma_v2(v3, pb, acc3)
+            m_i = m_new
+            _barrier()
+        if KEY_BITS == 8:
+            cp.wait_group(0)
+
+        has = l_i > 0.0
+        inv = 1.0 / gl.where(has, l_i, 1.0)
+        ci = c_i * inv
+        ri = r_i * inv
+        lse2 = gl.where(has, m_i + gl.log2(gl.where(has, l_i, 1.0)), float("-inf"))
+        okr = rows < K1 * G
+        mid = MID + (b * K1 + rows // G).to(gl.int64) * stride_mr + (kvh * G + rows % G).to(gl.int64) * stride_mh \
+            + sid * stride_ms
+        j = gl.arange(0, D4, layout=POS)
+        mp = mid[None, :] + j[:, None]
+        gl.store(mp, acc0 * ci[None, :] + ri[None, :], mask=okr[None, :])
+        gl.store(mp + D4, acc1 * ci[None, :] + ri[None, :], mask=okr[None, :])
+        gl.store(mp + 2 * D4, acc2 * ci[None, :] + ri[None, :], mask=okr[None, :])
+        gl.store(mp + 3 * D4, acc3 * ci[None, :] + ri[None, :], mask=okr[None, :])
         gl.store(mid + D, lse2, mask=okr)

@@ -968,7 +968,8 @@ def turboquant_verify_attention(
     if gcfg is not None:  # (only set with the word views)
         from vllm_platform_ext.ops.turboquant import gluon_verify as GV
 
-        LAST_KERNEL = "gluon_k8v4" if lay.key_fp8 else "gluon_mse"
+        rows8 = rows <= 8 and bool(gcfg.get("DECODE8", True))  # the transposed kernel (rows as the MMA's N)
+        LAST_KERNEL = ("gluon8_" if rows8 else "gluon_") + ("k8v4" if lay.key_fp8 else "mse")
         # fp16 query scaled by softmax scale * log2(e) (keys decoded exactly), its head dim in the
         # order of the key decodes' outputs (gluon_query_order): the kernel keeps it in shared memory
         q16 = (q_in.float() * (float(scale) * _LOG2E)).to(torch.float16)
@@ -983,18 +984,21 @@ def turboquant_verify_attention(
             kv, units = kv16, 2
             mse = dict(KEY_BITS=lay.key_bits, VAL_BITS=lay.value_bits, NORM_W=lay.mse_bytes // 2,
                        NORM_CORRECTION=lay.norm_correction, PREFETCH=bool(gcfg.get("PREFETCH", False)), FOLD=fold)
-        GV._tq_verify_gluon[(hk * m_chunks, b, splits)](
-            q16, kv, block_table, seq_lens, lut, mid,
-            q16.stride(0), q16.stride(1),
-            kv.stride(0), kv.stride(1), kv.stride(2),
-            block_table.stride(0),
-            mid.stride(0), mid.stride(1), mid.stride(2),
-            k1, splits,
-            G=hq // hk, BLOCK_M=block_m, M_CHUNKS=m_chunks, PAGE=kv_cache.shape[1], BLOCK_N=BLOCK_N or gcfg["BLOCK_N"],
-            VAL_W=lay.key_packed_size // units, SZ_W=lay.scale_offset // units, WM=wm, WN=wn,
-            STAGES=num_stages or gcfg["num_stages"], num_warps=wm * wn,
-            **mse, **({"maxnreg": gcfg["maxnreg"]} if gcfg.get("maxnreg") else {}),
-        )
+        args = (q16, kv, block_table, seq_lens, lut, mid,
+                q16.stride(0), q16.stride(1),
+                kv.stride(0), kv.stride(1), kv.stride(2),
+                block_table.stride(0),
+                mid.stride(0), mid.stride(1), mid.stride(2),
+                k1, splits)
+        common = dict(G=hq // hk, PAGE=kv_cache.shape[1], BLOCK_N=BLOCK_N or gcfg["BLOCK_N"],
+                      VAL_W=lay.key_packed_size // units, SZ_W=lay.scale_offset // units,
+                      STAGES=num_stages or gcfg["num_stages"], **mse,
+                      **({"maxnreg": gcfg["maxnreg"]} if gcfg.get("maxnreg") else {}))
+        if rows8:  # every warp along the positions
+            GV._tq_decode8_gluon[(hk, b, splits)](*args, NW=gcfg["WM"] * wn, num_warps=gcfg["WM"] * wn, **common)
+        else:
+            GV._tq_verify_gluon[(hk * m_chunks, b, splits)](*args, BLOCK_M=block_m, M_CHUNKS=m_chunks, WM=wm, WN=wn,
+                                                            num_warps=wm * wn, **common)
     elif kv16 is not None:
         LAST_KERNEL = "v2"
         _tq_verify_v2[(hk * m_chunks, b, splits)](
@@ -1094,8 +1098,8 @@ def describe_kernels() -> list[tuple[str, str, str]]:
             why = "no hardware fp8 conversion" if fp8 else "no mma.sync / ldmatrix"
             rows.append((preset, "v2", f"SM {cap[0]}.{cap[1]} < {need[0]}.{need[1]}: {why}"))
         else:
-            rows.append((preset, name, f"Gluon, SM {cap[0]}.{cap[1]}" + ("; e4b15 keys or 2-byte-aligned slots: v2"
-                                                                       if fp8 else "")))
+            rows.append((preset, name, f"Gluon, SM {cap[0]}.{cap[1]}; <= 8 query rows per KV head: transposed "
+                                       "(gluon8)" + ("; e4b15 keys or 2-byte-aligned slots: v2" if fp8 else "")))
     return rows
 
 
