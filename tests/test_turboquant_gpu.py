@@ -198,8 +198,8 @@ def _check_gluon_settings(preset, cfg, heads, k1, layout, kernel):
         hq, hk = heads
         lens = [k1 + 3, 0, 700, 4096 + k1, 2]
         out, ref, _ = run_both(preset, lens, hq, hk, k1, layout=layout, num_kv_splits=3)
-        if k1 * hq // hk <= 8 and cfg.get("DECODE8", True):  # <= 8 rows: the transposed kernel
-            kernel = kernel.replace("gluon_", "gluon8_")
+        if k1 * hq // hk <= min(64, cfg.get("TRANSPOSED_ROWS", 8)):  # the transposed kernel
+            kernel = kernel.replace("gluon_", "gluon_t_")
         assert TV.LAST_KERNEL == kernel
     finally:
         TV.GLUON_LAUNCH_DEFAULTS[preset], TV.GLUON_SHAPE_RULES = saved, saved_rules
@@ -234,15 +234,21 @@ def test_gluon_mse_matches_reference(preset, layout, heads, k1, cfg):
     _check_gluon_settings(preset, {**TV.GLUON_LAUNCH_DEFAULTS[preset], **cfg}, heads, k1, layout, "gluon_mse")
 
 
+_SMALL_ROW_CFGS = [{}, {"BLOCK_N": 32, "num_stages": 1}, {"BLOCK_N": 128, "maxnreg": None}, {"WM": 1, "WN": 2},
+                   {"PREFETCH": False}]
+
+
 @pytest.mark.parametrize("preset", PRESETS)
-@pytest.mark.parametrize("heads,k1", [((24, 4), 1), ((16, 2), 1), ((8, 2), 2), ((32, 8), 2)])
-@pytest.mark.parametrize("cfg", [{}, {"BLOCK_N": 32, "num_stages": 1}, {"BLOCK_N": 128, "maxnreg": None},
-                                 {"WM": 1, "WN": 2}, {"PREFETCH": False}])
-def test_gluon_small_rows_transposed_and_row_major_agree(preset, heads, k1, cfg):
-    """At most 8 query rows per (request, KV head) (plain decode; K+1 = 2 with GQA 4) take the
-    transposed kernel (``_tq_decode8_gluon``: rows as the MMA's N); it and the row-major kernel
-    (DECODE8 off) both match the float64 reference, including the in-chunk causal mask at K+1 = 2,
-    a padding request and a request shorter than K+1."""
+@pytest.mark.parametrize("heads,k1,cfg", [
+    *[(h, k, c) for h, k in (((24, 4), 1), ((16, 2), 1), ((8, 2), 2), ((32, 8), 2)) for c in _SMALL_ROW_CFGS],
+    ((24, 4), 4, {}), ((24, 4), 4, {"maxnreg": None}), ((24, 4), 6, {}), ((24, 4), 6, {"maxnreg": None}),
+    ((24, 4), 6, {"BLOCK_N": 32}), ((16, 2), 6, {}),
+])
+def test_gluon_transposed_and_row_major_agree(preset, heads, k1, cfg):
+    """The transposed kernel (``_tq_verify_t_gluon``: rows as the MMA's N, in row groups of 8 (6 or 8
+    rows), 16 + 8 (24), 32 + 8 (36) and 32 + 16 (48)) and the row-major kernel both match the
+    float64 reference, including the in-chunk causal mask, a padding request and a request shorter
+    than K+1, and agree with each other."""
     _need_cuda()
     from vllm_platform_ext.ops.turboquant import gluon_verify as GV
 
@@ -250,12 +256,21 @@ def test_gluon_small_rows_transposed_and_row_major_agree(preset, heads, k1, cfg)
     if not GV.AVAILABLE or torch.cuda.get_device_capability() < need:
         pytest.skip("needs Triton with Gluon and the preset's SM")
     base = {**TV.GLUON_LAUNCH_DEFAULTS[preset], **cfg}
+    if k1 * heads[0] // heads[1] > 32:
+        base["MAX_BLOCK_M"] = 64  # the row-major kernel in one 64-row program
     outs = []
-    for decode8 in (True, False):
-        _check_gluon_settings(preset, {**base, "DECODE8": decode8}, heads, k1, "vllm",
-                              "gluon_k8v4" if preset == "turboquant_k8v4" else "gluon_mse")
-        torch.manual_seed(3)
-        out, _, _ = run_both(preset, [k1 + 1000, 5], *heads, k1, layout="vllm", num_kv_splits=2)
+    kind = "k8v4" if preset == "turboquant_k8v4" else "mse"
+    for trans in (64, 0):
+        cfg_t = {**base, "TRANSPOSED_ROWS": trans}
+        _check_gluon_settings(preset, cfg_t, heads, k1, "vllm", f"gluon_{kind}")
+        saved, saved_rules = dict(TV.GLUON_LAUNCH_DEFAULTS[preset]), TV.GLUON_SHAPE_RULES
+        TV.GLUON_LAUNCH_DEFAULTS[preset], TV.GLUON_SHAPE_RULES = cfg_t, {}
+        try:
+            torch.manual_seed(3)
+            out, _, _ = run_both(preset, [k1 + 1000, 5], *heads, k1, layout="vllm", num_kv_splits=2)
+            assert TV.LAST_KERNEL == (f"gluon_t_{kind}" if trans else f"gluon_{kind}")
+        finally:
+            TV.GLUON_LAUNCH_DEFAULTS[preset], TV.GLUON_SHAPE_RULES = saved, saved_rules
         outs.append(out)
     assert rel_err(outs[0], outs[1]) < 3e-3
 
@@ -433,7 +448,7 @@ def _sanitize_sweep() -> None:
     # ASM_SPLIT, maxnreg 168) and a small verify batch (BLOCK_N 64, 3 stages)
     for use_gluon in (True, False):
         TV.USE_GLUON = use_gluon
-        for n, k1 in ((32, 1), (8, 4), (32, 4)):
+        for n, k1 in ((32, 1), (8, 4), (32, 4), (64, 6)):  # (64, 6): 36 rows on the transposed kernel (rules)
             out, ref, _ = run_both("turboquant_k8v4", [k1 + (37 + 397 * i) % 3000 for i in range(n)], 24, 4, k1,
                                    layout="vllm")
             worst = max(worst, rel_err(out, ref))
@@ -443,10 +458,11 @@ def _sanitize_sweep() -> None:
     for preset in ("turboquant_4bit_nc", "turboquant_k3v4_nc", "turboquant_3bit_nc"):
         saved = dict(TV.GLUON_LAUNCH_DEFAULTS[preset])
         for k1, cfg in ((1, {}), (4, {"PREFETCH": True}), (6, {"MAX_BLOCK_M": 64}), (4, {"BLOCK_N": 32}),
+                        (6, {"TRANSPOSED_ROWS": 40}),
                         (2, {"BLOCK_N": 128, "maxnreg": None})):
             TV.GLUON_LAUNCH_DEFAULTS[preset] = {**saved, **cfg}
             out, ref, _ = run_both(preset, [k1 + (37 + 397 * i) % 3000 for i in range(9)], 24, 4, k1, layout="vllm")
-            assert TV.LAST_KERNEL == ("gluon8_mse" if k1 == 1 else "gluon_mse")
+            assert TV.LAST_KERNEL == ("gluon_t_mse" if k1 == 1 or "TRANSPOSED_ROWS" in cfg else "gluon_mse")
             worst = max(worst, rel_err(out, ref))
         TV.GLUON_LAUNCH_DEFAULTS[preset] = saved
     torch.cuda.synchronize()

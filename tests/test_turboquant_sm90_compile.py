@@ -114,13 +114,15 @@ def test_gluon_mse_compiles_for_ampere(aot, preset):
         assert ins in ops, f"{preset} sm_80: expected {ins} in the SASS"
 
 
-@pytest.mark.parametrize("preset,arch", [("turboquant_k8v4", 90), ("turboquant_4bit_nc", 90),
-                                         ("turboquant_3bit_nc", 90), ("turboquant_k3v4_nc", 80)])
-def test_gluon_decode8_compiles(aot, preset, arch):
-    """The transposed kernel for <= 8 query rows (``_tq_decode8_gluon``) builds: the decoded key
-    and value words feed the tensor cores as A operands against 8 query rows (the MMA's N), so a
-    64-position tile takes half the MMAs of the row-major kernel's 16-row tile (32 per warp, not
-    64), with no spills."""
+@pytest.mark.parametrize("preset,arch,rows,hmma", [
+    ("turboquant_k8v4", 90, (8, 0), 32), ("turboquant_4bit_nc", 90, (8, 0), 32), ("turboquant_3bit_nc", 90, (8, 0), 32),
+    ("turboquant_k3v4_nc", 80, (8, 0), 32), ("turboquant_k8v4", 90, (16, 8), 96), ("turboquant_k8v4", 90, (32, 8), 160),
+])
+def test_gluon_transposed_compiles(aot, preset, arch, rows, hmma):
+    """The transposed kernel (``_tq_verify_t_gluon``) builds: the decoded key and value words feed
+    the tensor cores as A operands against the query rows as N, in row groups of 8 / 16 + 8 /
+    32 + 8, so a 64-position tile takes 16 key + 16 value MMAs per warp per 8 rows (the row-major
+    kernel: per 16 rows): 6 rows 32 MMAs (row-major 64), 36 rows 160 (row-major, 64 rows: 256)."""
     from vllm_platform_ext.ops.turboquant import gluon_verify as GV
 
     if not GV.AVAILABLE:
@@ -129,13 +131,14 @@ def test_gluon_decode8_compiles(aot, preset, arch):
     import aot_loop  # tools/
 
     consts = aot_gluon.consts_for(preset, PREFETCH=True)
-    k = aot_gluon.compile_gluon(consts, maxnreg=168, arch=arch, decode8=True)
+    k = aot_gluon.compile_gluon(consts, maxnreg=168 if rows[0] < 32 else None, arch=arch, rows=rows)
     ops, sass, res = aot.stats(k)
     for ins in ("HMMA", "LDSM") + (("F2FP.F16.E4M3.UNPACK_B", "LDGSTS") if preset == "turboquant_k8v4" else ("PRMT",)):
         assert ins in sass, f"{preset} sm_{arch}: expected {ins} in the SASS"
     body = aot_loop.loop_body(sass)
-    assert sum(op.startswith("HMMA") for op in body) == 32, "16 key + 16 value MMAs per warp per 64-position tile"
-    row_major = aot_loop.loop_body(aot.stats(aot_gluon.compile_gluon(
-        aot_gluon.consts_for(preset, PREFETCH=True, BLOCK_M=16), maxnreg=168, arch=arch))[1])
-    assert sum(op.startswith("HMMA") for op in row_major) == 64
+    assert sum(op.startswith("HMMA") for op in body) == hmma
+    if rows == (8, 0):
+        row_major = aot_loop.loop_body(aot.stats(aot_gluon.compile_gluon(
+            aot_gluon.consts_for(preset, PREFETCH=True, BLOCK_M=16), maxnreg=168, arch=arch))[1])
+        assert sum(op.startswith("HMMA") for op in row_major) == 64
     assert not any(op.startswith(("LDL", "STL")) for op in body), f"{preset}: spills {res}"

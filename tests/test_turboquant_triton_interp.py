@@ -200,7 +200,8 @@ def test_shape_rules_depend_on_shapes_only():
 
 def test_gluon_rules_and_fallback():
     """GLUON_SHAPE_RULES: one stage with at most 168 registers by default; <= 8 programs (one
-    request) two stages uncapped; K+1 >= 5 one 64-row program; the MSE presets have their own
+    request) two stages uncapped; K+1 >= 5 one 64-row program, over >= 256 programs up to 40 rows on
+    the transposed kernel; plain decode always on it (8 rows); the MSE presets have their own
     one-buffer entries; USE_GLUON = False turns it off; under the interpreter (and where Triton has no Gluon) the v2
     kernel runs, so the CPU interpreter tests above exercise v2 for every preset."""
     from vllm_platform_ext.ops.turboquant import triton_verify as TV
@@ -213,7 +214,10 @@ def test_gluon_rules_and_fallback():
     c = TV.gluon_launch_config("turboquant_k8v4", 1, 4, 4, 1)  # 4 programs
     assert (c["num_stages"], c["maxnreg"], c["MAX_BLOCK_M"]) == (2, None, 32)
     c = TV.gluon_launch_config("turboquant_k8v4", 8, 4, 6, 2)  # K = 5, 64 programs
-    assert (c["num_stages"], c["maxnreg"], c["MAX_BLOCK_M"]) == (2, None, 64)
+    assert (c["num_stages"], c["maxnreg"], c["MAX_BLOCK_M"], c["TRANSPOSED_ROWS"]) == (2, None, 64, 8)
+    c = TV.gluon_launch_config("turboquant_k8v4", 64, 4, 6, 2)  # K = 5, 512 programs: 36 rows transposed
+    assert (c["num_stages"], c["maxnreg"], c["MAX_BLOCK_M"], c["TRANSPOSED_ROWS"]) == (2, None, 64, 40)
+    assert base["TRANSPOSED_ROWS"] == 8  # plain decode (GQA <= 8) always
     assert TV.gluon_launch_config("turboquant_k8v4", 64, 4, 1, 1) is not base  # the table is not mutated
     for preset in ("turboquant_4bit_nc", "turboquant_k3v4_nc", "turboquant_3bit_nc"):
         c = TV.gluon_launch_config(preset, 64, 4, 4, 1)
@@ -221,7 +225,9 @@ def test_gluon_rules_and_fallback():
         c = TV.gluon_launch_config(preset, 1, 4, 4, 1)  # one request: no register cap
         assert (c["num_stages"], c["maxnreg"], c["MAX_BLOCK_M"]) == (1, None, 32)
         c = TV.gluon_launch_config(preset, 8, 4, 6, 2)  # K = 5: one 64-row program, no cap, no stages
-        assert (c["num_stages"], c["maxnreg"], c["MAX_BLOCK_M"]) == (1, None, 64)
+        assert (c["num_stages"], c["maxnreg"], c["MAX_BLOCK_M"], c["TRANSPOSED_ROWS"]) == (1, None, 64, 8)
+        c = TV.gluon_launch_config(preset, 32, 4, 6, 2)  # K = 5, 256 programs: transposed up to 40 rows
+        assert (c["num_stages"], c["maxnreg"], c["TRANSPOSED_ROWS"]) == (1, None, 40)
     TV.USE_GLUON = False
     try:
         assert TV.gluon_launch_config("turboquant_k8v4", 64, 4, 4, 1) is None
@@ -241,3 +247,13 @@ def test_gluon_rules_and_fallback():
 if __name__ == "__main__" and "--interp" in sys.argv:
     print(json.dumps(_interp_check()))
 
+
+
+def test_transposed_row_groups():
+    """Row groups of the transposed Gluon kernel: powers of two covering the rows rounded up to 8."""
+    from vllm_platform_ext.ops.turboquant import triton_verify as TV
+
+    assert [TV.transposed_row_groups(r) for r in (1, 6, 8, 12, 16, 24, 32, 36, 40, 48, 56, 64)] == [
+        (8, 0), (8, 0), (8, 0), (16, 0), (16, 0), (16, 8), (32, 0), (32, 8), (32, 8), (32, 16), (32, 32), (64, 0)]
+    with pytest.raises(ValueError, match="1..64 rows"):
+        TV.transposed_row_groups(65)

@@ -31,18 +31,18 @@ def consts_for(preset="turboquant_k8v4", **over):
     return c
 
 
-def compile_gluon(consts, maxnreg=None, arch=90, decode8=False):
-    """The row-major kernel, or with ``decode8`` the transposed one for <= 8 rows
-    (``_tq_decode8_gluon``: takes the same consts, with NW = WM x WN warps)."""
-    fn = GV._tq_decode8_gluon if decode8 else GV._tq_verify_gluon
-    if decode8:
+def compile_gluon(consts, maxnreg=None, arch=90, rows=None):
+    """The row-major kernel, or with ``rows`` = (RA, RB) the transposed one
+    (``_tq_verify_t_gluon``: the same consts, NW = WM x WN warps, row groups RA + RB)."""
+    fn = GV._tq_verify_t_gluon if rows else GV._tq_verify_gluon
+    if rows:
         consts = {k: v for k, v in consts.items() if k not in ("BLOCK_M", "M_CHUNKS", "WM", "WN")} | {
-            "NW": consts["WM"] * consts["WN"]}
+            "NW": consts["WM"] * consts["WN"], "RA": rows[0], "RB": rows[1]}
     sig, constexprs, attrs = A.signature(fn, consts)
     sig["KV"] = "*i32" if consts.get("KEY_BITS", 8) == 8 else "*i16"  # the cache's word view
     sig["LUT"] = "*i32"
     src = GluonASTSource(fn=fn, signature=sig, constexprs=constexprs, attrs=attrs)
-    opts = {"num_warps": consts["NW"] if decode8 else consts["WM"] * consts["WN"]}
+    opts = {"num_warps": consts["NW"] if rows else consts["WM"] * consts["WN"]}
     if maxnreg:
         opts["maxnreg"] = maxnreg
     return triton.compile(src, target=GPUTarget("cuda", arch, 32), options=opts)

@@ -14,6 +14,10 @@ workspace, combined by ``_tq_verify_stage2`` with ``SPLIT4``), but every layout 
 * softmax weights go through a small shared tile to the second product;
 * warps split both the rows and the tile's positions (``WM x WN``).
 
+:func:`_tq_verify_t_gluon` is the same computation transposed (S^T = K Q^T, O^T = V^T P^T): the
+query rows are the tensor cores' N in groups of 8, so plain decode's 6-8 rows per KV head do not
+pay for 16-row tiles; the host picks it up to ``TRANSPOSED_ROWS`` rows.
+
 MSE presets: slots (262/230/198 bytes) are only 2-byte aligned, so their tiles go global ->
 registers by 16-bit loads and are written to shared memory as index words, 3-bit groups widened
 to nibbles on the way (then every index field has element 4h+e at nibble e of halfword h, like
@@ -163,6 +167,77 @@ if AVAILABLE:
         return kw, vw, nrm, sz
 
     @gluon.jit
+    def _split_range(SEQ, b, sid, NUM_SPLITS, BLOCK_N: gl.constexpr):
+        """Request b's length and split sid's positions [start, end): whole tiles per split."""
+        seq_len = gl.load(SEQ + b)
+        split_len = gl.cdiv(gl.cdiv(seq_len, NUM_SPLITS), BLOCK_N) * BLOCK_N
+        start = sid * split_len
+        end = gl.minimum(start + split_len, seq_len)
+        return seq_len, start, end, gl.cdiv(gl.maximum(end - start, 0), BLOCK_N)
+
+    @gluon.jit
+    def _stage_prologue(KV, bt_row, kv_off, stride_cb, stride_cp, start, end, n_tiles, kw_smem, vw_smem, sz_smem,
+                        PAGE: gl.constexpr, BLOCK_N: gl.constexpr, VAL_W: gl.constexpr, SZ_W: gl.constexpr,
+                        LW: gl.constexpr, STAGES: gl.constexpr, KEY_BITS: gl.constexpr, PREFETCH: gl.constexpr):
+        """Before the tile loop: cp.async of the first STAGES - 1 tiles (k8v4), and the block-table
+        entries of the next tile to stage (PREFETCH; zeros otherwise, unused)."""
+        blk_n = gl.zeros([BLOCK_N], gl.int32, layout=gl.SliceLayout(1, LW))
+        if KEY_BITS != 8:
+            if PREFETCH:  # block-table entries of the first tile (then one tile ahead)
+                blk_n = _tile_blocks(bt_row, start, end, PAGE, BLOCK_N, LW)
+        else:
+            for i in gl.static_range(STAGES - 1):
+                if i < n_tiles:
+                    _issue(KV, _tile_blocks(bt_row, start + i * BLOCK_N, end, PAGE, BLOCK_N, LW), kv_off, stride_cb,
+                           stride_cp, start + i * BLOCK_N, end, kw_smem.index(i), vw_smem.index(i), sz_smem.index(i),
+                           PAGE, BLOCK_N, VAL_W, SZ_W, LW)
+                cp.commit_group()
+            if PREFETCH:  # block-table entries of the next tile to issue (then one issue ahead)
+                blk_n = _tile_blocks(bt_row, start + (STAGES - 1) * BLOCK_N, end, PAGE, BLOCK_N, LW)
+        return blk_n
+
+    @gluon.jit
+    def _stage_tile(KV, bt_row, blk_n, kv_off, stride_cb, stride_cp, it, start, end, n_tiles, kw_smem, vw_smem,
+                    sz_smem, nr_smem, PAGE: gl.constexpr, BLOCK_N: gl.constexpr, KEY_BITS: gl.constexpr,
+                    VAL_BITS: gl.constexpr, NORM_W: gl.constexpr, VAL_W: gl.constexpr, SZ_W: gl.constexpr,
+                    LW: gl.constexpr, FOLD: gl.constexpr, STAGES: gl.constexpr, PREFETCH: gl.constexpr):
+        """Tile ``it`` readable in shared memory by every warp: MSE tiles staged through registers
+        into the one buffer (``nr_smem`` gets the key norms), k8v4 tiles waited for in the cp.async
+        ring (and the tile STAGES - 1 ahead issued). Returns (its buffer index, the block-table
+        entries read ahead)."""
+        tile_start = start + it * BLOCK_N
+        if KEY_BITS != 8:
+            if PREFETCH:  # this tile's block-table entries were read one tile ahead
+                blk_c = blk_n
+                blk_n = _tile_blocks(bt_row, tile_start + BLOCK_N, end, PAGE, BLOCK_N, LW)
+            else:
+                blk_c = _tile_blocks(bt_row, tile_start, end, PAGE, BLOCK_N, LW)
+            kw_c, vw_c, nr_c, sz_c = _stage_mse(KV, blk_c, kv_off, stride_cb, stride_cp, tile_start, end, PAGE,
+                                                BLOCK_N, KEY_BITS, VAL_BITS, NORM_W, VAL_W, SZ_W, LW, FOLD)
+            kw_smem.index(0).store(kw_c)
+            vw_smem.index(0).store(vw_c)
+            nr_smem.store(nr_c)
+            sz_smem.index(0).store(sz_c)
+            _barrier()
+            st = 0
+        else:
+            nxt = it + STAGES - 1
+            if nxt < n_tiles:
+                if PREFETCH:  # entries read one issue ahead; read the following tile's now
+                    blk_c = blk_n
+                    blk_n = _tile_blocks(bt_row, start + (nxt + 1) * BLOCK_N, end, PAGE, BLOCK_N, LW)
+                else:
+                    blk_c = _tile_blocks(bt_row, start + nxt * BLOCK_N, end, PAGE, BLOCK_N, LW)
+                _issue(KV, blk_c, kv_off, stride_cb, stride_cp, start + nxt * BLOCK_N, end,
+                       kw_smem.index(nxt % STAGES), vw_smem.index(nxt % STAGES), sz_smem.index(nxt % STAGES),
+                       PAGE, BLOCK_N, VAL_W, SZ_W, LW)
+            cp.commit_group()
+            cp.wait_group(STAGES - 1)
+            _barrier()
+            st = it % STAGES
+        return st, blk_n
+
+    @gluon.jit
     def _lut_tables(LUT, zb, KEY_BITS: gl.constexpr, FOLD: gl.constexpr):
         """The codebook byte tables (LUT: low bytes then high bytes, 4 entries per word) as splat
         operands of the lookups, shaped like ``zb`` (zeros in the index operand's layout; 8-entry
@@ -219,11 +294,7 @@ if AVAILABLE:
         kvh = gl.program_id(0) // M_CHUNKS
         mc = gl.program_id(0) % M_CHUNKS
         sid = gl.program_id(2)
-        seq_len = gl.load(SEQ + b)
-        split_len = gl.cdiv(gl.cdiv(seq_len, NUM_SPLITS), BLOCK_N) * BLOCK_N
-        start = sid * split_len
-        end = gl.minimum(start + split_len, seq_len)
-        n_tiles = gl.cdiv(gl.maximum(end - start, 0), BLOCK_N)
+        seq_len, start, end, n_tiles = _split_range(SEQ, b, sid, NUM_SPLITS, BLOCK_N)
 
         # query -> shared memory, four sub-tiles [BLOCK_M, 64]
         q_smem = gl.allocate_shared_memory(gl.float16, [4, BLOCK_M, D4], sh_h)
@@ -240,24 +311,15 @@ if AVAILABLE:
             nr_smem = gl.allocate_shared_memory(gl.float32, [BLOCK_N], sh_s)
         else:
             kw_smem = gl.allocate_shared_memory(gl.int32, [STAGES, BLOCK_N, D4], sh_w)
+            nr_smem = gl.allocate_shared_memory(gl.float32, [1], sh_s)  # (no key norms: unused)
         vw_smem = gl.allocate_shared_memory(gl.int32, [STAGES, BLOCK_N, D4 // 2], sh_v32)
         sz_smem = gl.allocate_shared_memory(gl.int32, [STAGES, BLOCK_N], sh_s)
         p_smem = gl.allocate_shared_memory(gl.float16, [BLOCK_M, BLOCK_N], sh_h)
 
         bt_row = BT + b.to(gl.int64) * stride_bt
         kv_off = kvh.to(gl.int64) * stride_ch
-        if KEY_BITS != 8:
-            if PREFETCH:  # block-table entries of the first tile (then one tile ahead)
-                blk_n = _tile_blocks(bt_row, start, end, PAGE, BLOCK_N, LW)
-        else:
-            for i in gl.static_range(STAGES - 1):
-                if i < n_tiles:
-                    _issue(KV, _tile_blocks(bt_row, start + i * BLOCK_N, end, PAGE, BLOCK_N, LW), kv_off, stride_cb,
-                           stride_cp, start + i * BLOCK_N, end, kw_smem.index(i), vw_smem.index(i), sz_smem.index(i),
-                           PAGE, BLOCK_N, VAL_W, SZ_W, LW)
-                cp.commit_group()
-            if PREFETCH:  # block-table entries of the next tile to issue (then one issue ahead)
-                blk_n = _tile_blocks(bt_row, start + (STAGES - 1) * BLOCK_N, end, PAGE, BLOCK_N, LW)
+        blk_n = _stage_prologue(KV, bt_row, kv_off, stride_cb, stride_cp, start, end, n_tiles, kw_smem, vw_smem, sz_smem,
+                                PAGE, BLOCK_N, VAL_W, SZ_W, LW, STAGES, KEY_BITS, PREFETCH)
 
         rows = mc * BLOCK_M + gl.arange(0, BLOCK_M, layout=ROW)
         lim = seq_len - K1 + 1 + rows // G
@@ -272,39 +334,15 @@ if AVAILABLE:
 
         for it in range(0, n_tiles):
             tile_start = start + it * BLOCK_N
+            st, blk_n = _stage_tile(KV, bt_row, blk_n, kv_off, stride_cb, stride_cp, it, start, end, n_tiles, kw_smem,
+                                    vw_smem, sz_smem, nr_smem, PAGE, BLOCK_N, KEY_BITS, VAL_BITS, NORM_W, VAL_W, SZ_W,
+                                    LW, FOLD, STAGES, PREFETCH)
             if KEY_BITS != 8:
-                if PREFETCH:  # this tile's block-table entries were read one tile ahead
-                    blk_c = blk_n
-                    blk_n = _tile_blocks(bt_row, tile_start + BLOCK_N, end, PAGE, BLOCK_N, LW)
-                else:
-                    blk_c = _tile_blocks(bt_row, tile_start, end, PAGE, BLOCK_N, LW)
-                kw_c, vw_c, nr_c, sz_c = _stage_mse(KV, blk_c, kv_off, stride_cb, stride_cp, tile_start, end, PAGE,
-                                                    BLOCK_N, KEY_BITS, VAL_BITS, NORM_W, VAL_W, SZ_W, LW, FOLD)
-                kw_smem.index(0).store(kw_c)
-                vw_smem.index(0).store(vw_c)
-                nr_smem.store(nr_c)
-                sz_smem.index(0).store(sz_c)
-                _barrier()
-                st = 0
                 if _NEW_REINTERPRET:
                     kwt = kw_smem.index(0).reinterpret(gl.int16, [BLOCK_N, D4], sh_v16).permute([1, 0])
                 else:
                     kwt = kw_smem.index(0)._reinterpret(gl.int16, [BLOCK_N, D4], sh_v16).permute([1, 0])
             else:
-                nxt = it + STAGES - 1
-                if nxt < n_tiles:
-                    if PREFETCH:  # entries read one issue ahead; read the following tile's now
-                        blk_c = blk_n
-                        blk_n = _tile_blocks(bt_row, start + (nxt + 1) * BLOCK_N, end, PAGE, BLOCK_N, LW)
-                    else:
-                        blk_c = _tile_blocks(bt_row, start + nxt * BLOCK_N, end, PAGE, BLOCK_N, LW)
-                    _issue(KV, blk_c, kv_off, stride_cb, stride_cp, start + nxt * BLOCK_N, end,
-                           kw_smem.index(nxt % STAGES), vw_smem.index(nxt % STAGES), sz_smem.index(nxt % STAGES),
-                           PAGE, BLOCK_N, VAL_W, SZ_W, LW)
-                cp.commit_group()
-                cp.wait_group(STAGES - 1)
-                _barrier()
-                st = it % STAGES
                 kwt = kw_smem.index(st).permute([1, 0])  # [64 words, BLOCK_N]
             s = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=mma)
             if KEY_BITS != 8:
@@ -398,27 +436,79 @@ if AVAILABLE:
         gl.store(mid + D, lse2, mask=okr)
 
     @gluon.jit
-    def _tq_decode8_gluon(
+    def _t_softmax(s, visible, v_scale, v_zero, m_i, l_i, r_i, c_i, HALF: gl.constexpr):
+        """Online softmax of one row group of the transposed kernel: S^T [positions, rows] ->
+        fp16 weights (times the value scale over the tile's largest), the updated row state and
+        the accumulators' rescale factor per row."""
+        s = gl.where(visible, s, float("-inf"))
+        # one cross-warp reduction for both maxima: the rows' scores and the tile's value scale
+        s_row, v_row = gl.reduce((s, gl.zeros_like(s) + v_scale[:, None]), 0, _max2)
+        m_new = gl.maximum(m_i, s_row)
+        m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = gl.exp2(m_i - m_use)
+        p = gl.exp2(s - m_use[None, :])
+        s_max = gl.maximum(gl.max(v_row, axis=0), 6e-8)
+        w16 = (p * (v_scale / s_max)[:, None]).to(gl.float16)
+        # one reduction for both row sums: sum p, and the zero points + centring offset (HALF per index)
+        lsum, rsum = gl.reduce((p, p * v_zero[:, None] + (HALF * s_max) * w16.to(gl.float32)), 0, _add2)
+        f = alpha * (c_i / s_max)
+        return w16, m_new, l_i * alpha + lsum, r_i * alpha + rsum, gl.full_like(c_i, 1.0) * s_max, f
+
+    @gluon.jit
+    def _t_store(MID, acc0, acc1, acc2, acc3, m_i, l_i, r_i, c_i, rows, b, kvh, sid, K1, G: gl.constexpr,
+                 stride_mr, stride_mh, stride_ms, POS: gl.constexpr):
+        """One row group's split-KV partial (O^T sub-tiles e at columns e*64 + j) and log2-sum-exp."""
+        has = l_i > 0.0
+        inv = 1.0 / gl.where(has, l_i, 1.0)
+        ci = c_i * inv
+        ri = r_i * inv
+        lse2 = gl.where(has, m_i + gl.log2(gl.where(has, l_i, 1.0)), float("-inf"))
+        okr = rows < K1 * G
+        mid = MID + (b * K1 + rows // G).to(gl.int64) * stride_mr + (kvh * G + rows % G).to(gl.int64) * stride_mh \
+            + sid * stride_ms
+        j = gl.arange(0, 64, layout=POS)
+        mp = mid[None, :] + j[:, None]
+        gl.store(mp, acc0 * ci[None, :] + ri[None, :], mask=okr[None, :])
+        gl.store(mp + 64, acc1 * ci[None, :] + ri[None, :], mask=okr[None, :])
+        gl.store(mp + 128, acc2 * ci[None, :] + ri[None, :], mask=okr[None, :])
+        gl.store(mp + 192, acc3 * ci[None, :] + ri[None, :], mask=okr[None, :])
+        gl.store(mid + 256, lse2, mask=okr)
+
+    @gluon.jit
+    def _t_load_query(Q16, q_smem, R0: gl.constexpr, R: gl.constexpr, b, kvh, K1, G: gl.constexpr, stride_qn,
+                      stride_qh, LQ: gl.constexpr):
+        """Query rows R0 .. R0+R-1 (zero past K1 * G) -> shared memory, four sub-tiles [R, 64]."""
+        mq = R0 + gl.arange(0, R, layout=gl.SliceLayout(1, LQ))
+        okq = mq < K1 * G
+        qrow = (b * K1 + mq // G).to(gl.int64) * stride_qn + (kvh * G + mq % G).to(gl.int64) * stride_qh
+        jq = gl.arange(0, 64, layout=gl.SliceLayout(0, LQ))
+        for e in gl.static_range(4):
+            qv = gl.load(Q16 + (qrow[:, None] + e * 64 + jq[None, :]), mask=okq[:, None], other=0.0)
+            q_smem.index(e).store(qv)
+
+    @gluon.jit
+    def _tq_verify_t_gluon(
         Q16, KV, BT, SEQ, LUT, MID,
         stride_qn, stride_qh,
         stride_cb, stride_cp, stride_ch,
         stride_bt,
         stride_mr, stride_mh, stride_ms,
         K1, NUM_SPLITS,
-        G: gl.constexpr, PAGE: gl.constexpr, BLOCK_N: gl.constexpr, VAL_W: gl.constexpr, SZ_W: gl.constexpr,
+        G: gl.constexpr, RA: gl.constexpr, RB: gl.constexpr,
+        PAGE: gl.constexpr, BLOCK_N: gl.constexpr, VAL_W: gl.constexpr, SZ_W: gl.constexpr,
         NW: gl.constexpr, STAGES: gl.constexpr,
         KEY_BITS: gl.constexpr = 8, VAL_BITS: gl.constexpr = 4, NORM_W: gl.constexpr = 0,
         NORM_CORRECTION: gl.constexpr = False, PREFETCH: gl.constexpr = False, FOLD: gl.constexpr = False,
     ):
-        """:func:`_tq_verify_gluon` for at most 8 query rows per (request, KV head) (plain decode,
-        GQA <= 8): the transposed products S^T = K Q^T and O^T = V^T P^T, so the rows are the
-        tensor cores' N (8) instead of a 16-row M that is mostly padding. Positions (and the value
-        head dim) are the M side, split over NW warps; the decoded key and value words are the A
-        operands, the query and the softmax weights the B operands (both from shared memory). Same
-        inputs, staging, decodes, query order and workspace output as the row-major kernel."""
-        D: gl.constexpr = 256
+        """:func:`_tq_verify_gluon` transposed: S^T = K Q^T and O^T = V^T P^T, so the query rows of a
+        (request, KV head) are the tensor cores' N, in multiples of 8 instead of 16-row tiles: two
+        row groups of RA and RB rows (powers of two, RB may be 0), e.g. 6 rows (plain decode, GQA 6)
+        as 8, 24 (K+1 = 4) as 16 + 8, 36 (K+1 = 6) as 32 + 8 instead of 16, 32 and 64. Positions
+        (and the value head dim) are the M side, split over NW warps; each tile's key and value words
+        are decoded once, as A operands, for both groups; the query and the softmax weights are the
+        B operands (shared memory). Same inputs, staging, decodes, query order and workspace output
+        as the row-major kernel."""
         D4: gl.constexpr = 64
-        R: gl.constexpr = 8
         mma: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[NW, 1], instr_shape=[16, 8])
         opA: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
         opB: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=mma, k_width=2)
@@ -431,7 +521,7 @@ if AVAILABLE:
         sh_v16: gl.constexpr = gl.SwizzledSharedLayout(vec=8, per_phase=1, max_phase=8, order=[1, 0])
         sh_s: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0])
         sh_h: gl.constexpr = gl.SwizzledSharedLayout(vec=8, per_phase=1, max_phase=8, order=[1, 0])
-        sh_p: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[1, 0])
+        sh_p: gl.constexpr = gl.SwizzledSharedLayout(vec=8, per_phase=1, max_phase=8, order=[1, 0])
         if KEY_BITS != 8:
             gl.static_assert(STAGES == 1, "MSE tiles are staged through registers: one shared buffer")
         HALF: gl.constexpr = 2.0 ** (VAL_BITS - 1)
@@ -439,173 +529,139 @@ if AVAILABLE:
         b = gl.program_id(1)
         kvh = gl.program_id(0)
         sid = gl.program_id(2)
-        seq_len = gl.load(SEQ + b)
-        split_len = gl.cdiv(gl.cdiv(seq_len, NUM_SPLITS), BLOCK_N) * BLOCK_N
-        start = sid * split_len
-        end = gl.minimum(start + split_len, seq_len)
-        n_tiles = gl.cdiv(gl.maximum(end - start, 0), BLOCK_N)
+        seq_len, start, end, n_tiles = _split_range(SEQ, b, sid, NUM_SPLITS, BLOCK_N)
 
-        # query -> shared memory, four sub-tiles [R, 64] (rows >= K1 * G zero)
-        q_smem = gl.allocate_shared_memory(gl.float16, [4, R, D4], sh_h)
-        mq = gl.arange(0, R, layout=gl.SliceLayout(1, LQ))
-        okq = mq < K1 * G
-        qrow = (b * K1 + mq // G).to(gl.int64) * stride_qn + (kvh * G + mq % G).to(gl.int64) * stride_qh
-        jq = gl.arange(0, D4, layout=gl.SliceLayout(0, LQ))
-        for e in gl.static_range(4):
-            qv = gl.load(Q16 + (qrow[:, None] + e * D4 + jq[None, :]), mask=okq[:, None], other=0.0)
-            q_smem.index(e).store(qv)
+        qa_smem = gl.allocate_shared_memory(gl.float16, [4, RA, D4], sh_h)
+        _t_load_query(Q16, qa_smem, 0, RA, b, kvh, K1, G, stride_qn, stride_qh, LQ)
+        if RB > 0:
+            qb_smem = gl.allocate_shared_memory(gl.float16, [4, RB, D4], sh_h)
+            _t_load_query(Q16, qb_smem, RA, RB, b, kvh, K1, G, stride_qn, stride_qh, LQ)
 
         if KEY_BITS != 8:
             kw_smem = gl.allocate_shared_memory(gl.int32, [STAGES, BLOCK_N, D4 // 2], sh_v32)
             nr_smem = gl.allocate_shared_memory(gl.float32, [BLOCK_N], sh_s)
         else:
             kw_smem = gl.allocate_shared_memory(gl.int32, [STAGES, BLOCK_N, D4], sh_w)
+            nr_smem = gl.allocate_shared_memory(gl.float32, [1], sh_s)  # (no key norms: unused)
         vw_smem = gl.allocate_shared_memory(gl.int32, [STAGES, BLOCK_N, D4 // 2], sh_v32)
         sz_smem = gl.allocate_shared_memory(gl.int32, [STAGES, BLOCK_N], sh_s)
-        p_smem = gl.allocate_shared_memory(gl.float16, [BLOCK_N, R], sh_p)
+        pa_smem = gl.allocate_shared_memory(gl.float16, [BLOCK_N, RA], sh_p)
+        if RB > 0:
+            pb_smem = gl.allocate_shared_memory(gl.float16, [BLOCK_N, RB], sh_p)
 
         bt_row = BT + b.to(gl.int64) * stride_bt
         kv_off = kvh.to(gl.int64) * stride_ch
-        if KEY_BITS != 8:
-            if PREFETCH:
-                blk_n = _tile_blocks(bt_row, start, end, PAGE, BLOCK_N, LW)
-        else:
-            for i in gl.static_range(STAGES - 1):
-                if i < n_tiles:
-                    _issue(KV, _tile_blocks(bt_row, start + i * BLOCK_N, end, PAGE, BLOCK_N, LW), kv_off, stride_cb,
-                           stride_cp, start + i * BLOCK_N, end, kw_smem.index(i), vw_smem.index(i), sz_smem.index(i),
-                           PAGE, BLOCK_N, VAL_W, SZ_W, LW)
-                cp.commit_group()
-            if PREFETCH:
-                blk_n = _tile_blocks(bt_row, start + (STAGES - 1) * BLOCK_N, end, PAGE, BLOCK_N, LW)
+        blk_n = _stage_prologue(KV, bt_row, kv_off, stride_cb, stride_cp, start, end, n_tiles, kw_smem, vw_smem, sz_smem,
+                                PAGE, BLOCK_N, VAL_W, SZ_W, LW, STAGES, KEY_BITS, PREFETCH)
 
-        rows = gl.arange(0, R, layout=QR)
-        lim = seq_len - K1 + 1 + rows // G
-        m_i = gl.full([R], float("-inf"), gl.float32, layout=QR)
-        l_i = gl.zeros([R], gl.float32, layout=QR)
-        r_i = gl.zeros([R], gl.float32, layout=QR)
-        c_i = gl.full([R], 1.0, gl.float32, layout=QR)
-        acc0 = gl.zeros([D4, R], gl.float32, layout=mma)  # O^T: value head dim x rows, sub-tile e
-        acc1 = gl.zeros([D4, R], gl.float32, layout=mma)
-        acc2 = gl.zeros([D4, R], gl.float32, layout=mma)
-        acc3 = gl.zeros([D4, R], gl.float32, layout=mma)
+        rows_a = gl.arange(0, RA, layout=QR)
+        lim_a = seq_len - K1 + 1 + rows_a // G
+        m_a = gl.full([RA], float("-inf"), gl.float32, layout=QR)
+        l_a = gl.zeros([RA], gl.float32, layout=QR)
+        r_a = gl.zeros([RA], gl.float32, layout=QR)
+        c_a = gl.full([RA], 1.0, gl.float32, layout=QR)
+        a0 = gl.zeros([D4, RA], gl.float32, layout=mma)  # O^T: value head dim x rows, sub-tile e
+        a1 = gl.zeros([D4, RA], gl.float32, layout=mma)
+        a2 = gl.zeros([D4, RA], gl.float32, layout=mma)
+        a3 = gl.zeros([D4, RA], gl.float32, layout=mma)
+        if RB > 0:
+            rows_b = RA + gl.arange(0, RB, layout=QR)
+            lim_b = seq_len - K1 + 1 + rows_b // G
+            m_b = gl.full([RB], float("-inf"), gl.float32, layout=QR)
+            l_b = gl.zeros([RB], gl.float32, layout=QR)
+            r_b = gl.zeros([RB], gl.float32, layout=QR)
+            c_b = gl.full([RB], 1.0, gl.float32, layout=QR)
+            b0 = gl.zeros([D4, RB], gl.float32, layout=mma)
+            b1 = gl.zeros([D4, RB], gl.float32, layout=mma)
+            b2 = gl.zeros([D4, RB], gl.float32, layout=mma)
+            b3 = gl.zeros([D4, RB], gl.float32, layout=mma)
 
         for it in range(0, n_tiles):
             tile_start = start + it * BLOCK_N
+            st, blk_n = _stage_tile(KV, bt_row, blk_n, kv_off, stride_cb, stride_cp, it, start, end, n_tiles, kw_smem,
+                                    vw_smem, sz_smem, nr_smem, PAGE, BLOCK_N, KEY_BITS, VAL_BITS, NORM_W, VAL_W, SZ_W,
+                                    LW, FOLD, STAGES, PREFETCH)
             if KEY_BITS != 8:
-                if PREFETCH:
-                    blk_c = blk_n
-                    blk_n = _tile_blocks(bt_row, tile_start + BLOCK_N, end, PAGE, BLOCK_N, LW)
-                else:
-                    blk_c = _tile_blocks(bt_row, tile_start, end, PAGE, BLOCK_N, LW)
-                kw_c, vw_c, nr_c, sz_c = _stage_mse(KV, blk_c, kv_off, stride_cb, stride_cp, tile_start, end, PAGE,
-                                                    BLOCK_N, KEY_BITS, VAL_BITS, NORM_W, VAL_W, SZ_W, LW, FOLD)
-                kw_smem.index(0).store(kw_c)
-                vw_smem.index(0).store(vw_c)
-                nr_smem.store(nr_c)
-                sz_smem.index(0).store(sz_c)
-                _barrier()
-                st = 0
                 if _NEW_REINTERPRET:
                     kw16 = kw_smem.index(0).reinterpret(gl.int16, [BLOCK_N, D4], sh_v16)
                 else:
                     kw16 = kw_smem.index(0)._reinterpret(gl.int16, [BLOCK_N, D4], sh_v16)
-            else:
-                nxt = it + STAGES - 1
-                if nxt < n_tiles:
-                    if PREFETCH:
-                        blk_c = blk_n
-                        blk_n = _tile_blocks(bt_row, start + (nxt + 1) * BLOCK_N, end, PAGE, BLOCK_N, LW)
-                    else:
-                        blk_c = _tile_blocks(bt_row, start + nxt * BLOCK_N, end, PAGE, BLOCK_N, LW)
-                    _issue(KV, blk_c, kv_off, stride_cb, stride_cp, start + nxt * BLOCK_N, end,
-                           kw_smem.index(nxt % STAGES), vw_smem.index(nxt % STAGES), sz_smem.index(nxt % STAGES),
-                           PAGE, BLOCK_N, VAL_W, SZ_W, LW)
-                cp.commit_group()
-                cp.wait_group(STAGES - 1)
-                _barrier()
-                st = it % STAGES
-            s = gl.zeros([BLOCK_N, R], gl.float32, layout=mma)  # S^T: positions x rows
+            sa = gl.zeros([BLOCK_N, RA], gl.float32, layout=mma)  # S^T: positions x rows
+            if RB > 0:
+                sb = gl.zeros([BLOCK_N, RB], gl.float32, layout=mma)
             if KEY_BITS != 8:
                 ssq = gl.zeros([BLOCK_N, 16], gl.float32, layout=opA)
                 t0, t1, t2, t3, t4, t5, t6, t7 = _lut_tables(LUT, gl.full([BLOCK_N, 16], 0, gl.int32, layout=opA),
                                                             KEY_BITS, FOLD)
-                for c in gl.static_range(D4 // 16):
+            for c in gl.static_range(D4 // 16):
+                if KEY_BITS != 8:
                     x = kw16.slice(16 * c, 16, dim=1).load(opA)  # [BLOCK_N, 16 halfwords]
                     k0, k1, k2, k3 = _lut_wide(x, t0, t1, t2, t3, t4, t5, t6, t7, KEY_BITS, FOLD)
-                    s = mma_v2(k0, q_smem.index(0).slice(16 * c, 16, dim=1).permute([1, 0]).load(opB), s)
-                    s = mma_v2(k1, q_smem.index(1).slice(16 * c, 16, dim=1).permute([1, 0]).load(opB), s)
-                    s = mma_v2(k2, q_smem.index(2).slice(16 * c, 16, dim=1).permute([1, 0]).load(opB), s)
-                    s = mma_v2(k3, q_smem.index(3).slice(16 * c, 16, dim=1).permute([1, 0]).load(opB), s)
                     if NORM_CORRECTION:
                         sq = _sq_acc(k3, _sq_acc(k2, _sq_acc(k1, _sq_acc(k0, gl.zeros_like(k0)))))
                         ssq += sq.to(gl.float32)
+                else:
+                    k0, k1, k2, k3 = _fp8_wide(kw_smem.index(st).slice(16 * c, 16, dim=1).load(opA))
+                sa = mma_v2(k0, qa_smem.index(0).slice(16 * c, 16, dim=1).permute([1, 0]).load(opB), sa)
+                sa = mma_v2(k1, qa_smem.index(1).slice(16 * c, 16, dim=1).permute([1, 0]).load(opB), sa)
+                sa = mma_v2(k2, qa_smem.index(2).slice(16 * c, 16, dim=1).permute([1, 0]).load(opB), sa)
+                sa = mma_v2(k3, qa_smem.index(3).slice(16 * c, 16, dim=1).permute([1, 0]).load(opB), sa)
+                if RB > 0:
+                    sb = mma_v2(k0, qb_smem.index(0).slice(16 * c, 16, dim=1).permute([1, 0]).load(opB), sb)
+                    sb = mma_v2(k1, qb_smem.index(1).slice(16 * c, 16, dim=1).permute([1, 0]).load(opB), sb)
+                    sb = mma_v2(k2, qb_smem.index(2).slice(16 * c, 16, dim=1).permute([1, 0]).load(opB), sb)
+                    sb = mma_v2(k3, qb_smem.index(3).slice(16 * c, 16, dim=1).permute([1, 0]).load(opB), sb)
+            if KEY_BITS != 8:
                 k_mul = nr_smem.load(POS)
                 if NORM_CORRECTION:
                     k_mul = k_mul / gl.sqrt(gl.convert_layout(gl.sum(ssq, axis=1), POS) + 1e-16)
-                s = s * k_mul[:, None]
-            else:
-                for c in gl.static_range(D4 // 16):
-                    w = kw_smem.index(st).slice(16 * c, 16, dim=1).load(opA)  # [BLOCK_N, 16 words]
-                    k0, k1, k2, k3 = _fp8_wide(w)
-                    s = mma_v2(k0, q_smem.index(0).slice(16 * c, 16, dim=1).permute([1, 0]).load(opB), s)
-                    s = mma_v2(k1, q_smem.index(1).slice(16 * c, 16, dim=1).permute([1, 0]).load(opB), s)
-                    s = mma_v2(k2, q_smem.index(2).slice(16 * c, 16, dim=1).permute([1, 0]).load(opB), s)
-                    s = mma_v2(k3, q_smem.index(3).slice(16 * c, 16, dim=1).permute([1, 0]).load(opB), s)
+                sa = sa * k_mul[:, None]
+                if RB > 0:
+                    sb = sb * k_mul[:, None]
             n = tile_start + gl.arange(0, BLOCK_N, layout=POS)
-            visible = (n < end)[:, None] & (n[:, None] < lim[None, :])
-            s = gl.where(visible, s, float("-inf"))
             sz = sz_smem.index(st).load(POS)
             v_scale = (sz & 0xFFFF).to(gl.int16).to(gl.float16, bitcast=True).to(gl.float32)
             v_zero = (sz >> 16).to(gl.int16).to(gl.float16, bitcast=True).to(gl.float32)
-            s_row, v_row = gl.reduce((s, gl.zeros_like(s) + v_scale[:, None]), 0, _max2)
-            m_new = gl.maximum(m_i, s_row)
-            m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
-            alpha = gl.exp2(m_i - m_use)
-            p = gl.exp2(s - m_use[None, :])
-
-            s_max = gl.maximum(gl.max(v_row, axis=0), 6e-8)
-            w16 = (p * (v_scale / s_max)[:, None]).to(gl.float16)
-            lsum, rsum = gl.reduce((p, p * v_zero[:, None] + (HALF * s_max) * w16.to(gl.float32)), 0, _add2)
-            l_i = l_i * alpha + lsum
-            r_i = r_i * alpha + rsum
-            f = (alpha * (c_i / s_max))[None, :]
-            c_i = gl.full([R], 1.0, gl.float32, layout=QR) * s_max
-            acc0 = acc0 * f
-            acc1 = acc1 * f
-            acc2 = acc2 * f
-            acc3 = acc3 * f
-            p_smem.store(w16)
+            wa, m_a, l_a, r_a, c_a, fa = _t_softmax(sa, (n < end)[:, None] & (n[:, None] < lim_a[None, :]), v_scale,
+                                                    v_zero, m_a, l_a, r_a, c_a, HALF)
+            a0 = a0 * fa[None, :]
+            a1 = a1 * fa[None, :]
+            a2 = a2 * fa[None, :]
+            a3 = a3 * fa[None, :]
+            pa_smem.store(wa)
+            if RB > 0:
+                wb, m_b, l_b, r_b, c_b, fb = _t_softmax(sb, (n < end)[:, None] & (n[:, None] < lim_b[None, :]),
+                                                        v_scale, v_zero, m_b, l_b, r_b, c_b, HALF)
+                b0 = b0 * fb[None, :]
+                b1 = b1 * fb[None, :]
+                b2 = b2 * fb[None, :]
+                b3 = b3 * fb[None, :]
+                pb_smem.store(wb)
             _barrier()
             if _NEW_REINTERPRET:
                 vh = vw_smem.index(st).reinterpret(gl.int16, [BLOCK_N, D4], sh_v16)
             else:
                 vh = vw_smem.index(st)._reinterpret(gl.int16, [BLOCK_N, D4], sh_v16)
             for kc in gl.static_range(BLOCK_N // 16):
-                pb = p_smem.slice(16 * kc, 16, dim=0).load(opB)  # [16 positions, R]
                 h = vh.slice(16 * kc, 16, dim=0).permute([1, 0]).load(opA)  # [64 halfwords, 16 positions]
                 v0, v1, v2, v3 = _nib_wide(h, VAL_BITS)
-                acc0 = mma_v2(v0, pb, acc0)
-                acc1 = mma_v2(v1, pb, acc1)
-                acc2 = mma_v2(v2, pb, acc2)
-                acc3 = mma_v2(v3, pb, acc3)
-            m_i = m_new
+                pa = pa_smem.slice(16 * kc, 16, dim=0).load(opB)  # [16 positions, RA]
+                a0 = mma_v2(v0, pa, a0)
+                a1 = mma_v2(v1, pa, a1)
+                a2 = mma_v2(v2, pa, a2)
+                a3 = mma_v2(v3, pa, a3)
+                if RB > 0:
+                    pb = pb_smem.slice(16 * kc, 16, dim=0).load(opB)
+                    b0 = mma_v2(v0, pb, b0)
+                    b1 = mma_v2(v1, pb, b1)
+                    b2 = mma_v2(v2, pb, b2)
+                    b3 = mma_v2(v3, pb, b3)
             _barrier()
         if KEY_BITS == 8:
             cp.wait_group(0)
 
-        has = l_i > 0.0
-        inv = 1.0 / gl.where(has, l_i, 1.0)
-        ci = c_i * inv
-        ri = r_i * inv
-        lse2 = gl.where(has, m_i + gl.log2(gl.where(has, l_i, 1.0)), float("-inf"))
-        okr = rows < K1 * G
-        mid = MID + (b * K1 + rows // G).to(gl.int64) * stride_mr + (kvh * G + rows % G).to(gl.int64) * stride_mh \
-            + sid * stride_ms
-        j = gl.arange(0, D4, layout=POS)
-        mp = mid[None, :] + j[:, None]
-        gl.store(mp, acc0 * ci[None, :] + ri[None, :], mask=okr[None, :])
-        gl.store(mp + D4, acc1 * ci[None, :] + ri[None, :], mask=okr[None, :])
-        gl.store(mp + 2 * D4, acc2 * ci[None, :] + ri[None, :], mask=okr[None, :])
-        gl.store(mp + 3 * D4, acc3 * ci[None, :] + ri[None, :], mask=okr[None, :])
-        gl.store(mid + D, lse2, mask=okr)
+        _t_store(MID, a0, a1, a2, a3, m_a, l_a, r_a, c_a, rows_a, b, kvh, sid, K1, G, stride_mr, stride_mh,
+                 stride_ms, POS)
+        if RB > 0:
+            _t_store(MID, b0, b1, b2, b3, m_b, l_b, r_b, c_b, rows_b, b, kvh, sid, K1, G, stride_mr, stride_mh,
+                     stride_ms, POS)

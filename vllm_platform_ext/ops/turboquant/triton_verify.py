@@ -739,13 +739,13 @@ V2_SHAPE_RULES = {
 USE_GLUON = True
 GLUON_LAUNCH_DEFAULTS = {
     "turboquant_k8v4": {"BLOCK_N": 64, "num_stages": 1, "WM": 1, "WN": 4, "maxnreg": 168, "MAX_BLOCK_M": 32,
-                        "SPLIT_FIT": True},
+                        "SPLIT_FIT": True, "TRANSPOSED_ROWS": 8},
     "turboquant_4bit_nc": {"BLOCK_N": 64, "num_stages": 1, "WM": 1, "WN": 4, "maxnreg": 168, "MAX_BLOCK_M": 32,
-                           "PREFETCH": True, "FOLD": True, "SPLIT_FIT": True},
+                           "PREFETCH": True, "FOLD": True, "SPLIT_FIT": True, "TRANSPOSED_ROWS": 8},
     "turboquant_k3v4_nc": {"BLOCK_N": 64, "num_stages": 1, "WM": 1, "WN": 4, "maxnreg": 168, "MAX_BLOCK_M": 32,
-                           "PREFETCH": True, "FOLD": True, "SPLIT_FIT": True},
+                           "PREFETCH": True, "FOLD": True, "SPLIT_FIT": True, "TRANSPOSED_ROWS": 8},
     "turboquant_3bit_nc": {"BLOCK_N": 64, "num_stages": 1, "WM": 1, "WN": 4, "maxnreg": 168, "MAX_BLOCK_M": 32,
-                           "PREFETCH": True, "FOLD": True, "SPLIT_FIT": True},
+                           "PREFETCH": True, "FOLD": True, "SPLIT_FIT": True, "TRANSPOSED_ROWS": 8},
 }
 # First match wins; shapes only (see V2_SHAPE_RULES). Programs counted with 32-row chunks.
 #  - <= 8 programs (one request): two stages, no register cap: 1.08x over the default (B = 1, K = 3);
@@ -756,13 +756,22 @@ GLUON_LAUNCH_DEFAULTS = {
 #  - MSE presets (one shared buffer, so no stage changes): <= 8 programs: no register cap, 1.10x
 #    (3bit_nc B = 1, K = 3, 32K); K+1 >= 5: one 64-row program, no cap, 1.12-1.18x (3bit_nc, 4bit_nc
 #    B = 64 and B = 8 at 32K, k3v4_nc B = 8 at 4K).
+#  - TRANSPOSED_ROWS: rows per (request, KV head) up to which the transposed kernel runs (rows as the
+#    MMA's N in groups of 8): by default plain decode with GQA <= 8 (1.00-1.08x k8v4, 1.08-1.11x MSE);
+#    K+1 = 6 with GQA 6 (36 rows as 32 + 8, not 64) over >= 256 programs too, no cap: 1.21x k8v4
+#    (two stages), 1.28x 4bit_nc / 3bit_nc (B = 64, 32K); equal or slower at B = 8 (4K), and for 12,
+#    16, 24 and 48 rows (0.66-0.95x: per-row softmax reductions across 8 lanes cost more than the
+#    saved MMAs).
 _MSE_RULES = [
     {"k1": (1, None), "programs": (1, 8), "set": {"maxnreg": None}},
+    {"k1": (5, None), "programs": (256, None), "set": {"MAX_BLOCK_M": 64, "maxnreg": None, "TRANSPOSED_ROWS": 40}},
     {"k1": (5, None), "programs": (1, None), "set": {"MAX_BLOCK_M": 64, "maxnreg": None}},
 ]
 GLUON_SHAPE_RULES = {
     "turboquant_k8v4": [
         {"k1": (1, None), "programs": (1, 8), "set": {"num_stages": 2, "maxnreg": None}},
+        {"k1": (5, None), "programs": (256, None),
+         "set": {"MAX_BLOCK_M": 64, "num_stages": 2, "maxnreg": None, "TRANSPOSED_ROWS": 40}},
         {"k1": (5, None), "programs": (1, None), "set": {"MAX_BLOCK_M": 64, "num_stages": 2, "maxnreg": None}},
         {"k1": (1, 1), "programs": (9, None), "set": {"PREFETCH": True}},
     ],
@@ -968,8 +977,9 @@ def turboquant_verify_attention(
     if gcfg is not None:  # (only set with the word views)
         from vllm_platform_ext.ops.turboquant import gluon_verify as GV
 
-        rows8 = rows <= 8 and bool(gcfg.get("DECODE8", True))  # the transposed kernel (rows as the MMA's N)
-        LAST_KERNEL = ("gluon8_" if rows8 else "gluon_") + ("k8v4" if lay.key_fp8 else "mse")
+        # up to TRANSPOSED_ROWS rows per (request, KV head): the transposed kernel (rows as the MMA's N)
+        trans = rows <= min(64, gcfg.get("TRANSPOSED_ROWS", 8))
+        LAST_KERNEL = ("gluon_t_" if trans else "gluon_") + ("k8v4" if lay.key_fp8 else "mse")
         # fp16 query scaled by softmax scale * log2(e) (keys decoded exactly), its head dim in the
         # order of the key decodes' outputs (gluon_query_order): the kernel keeps it in shared memory
         q16 = (q_in.float() * (float(scale) * _LOG2E)).to(torch.float16)
@@ -994,8 +1004,10 @@ def turboquant_verify_attention(
                       VAL_W=lay.key_packed_size // units, SZ_W=lay.scale_offset // units,
                       STAGES=num_stages or gcfg["num_stages"], **mse,
                       **({"maxnreg": gcfg["maxnreg"]} if gcfg.get("maxnreg") else {}))
-        if rows8:  # every warp along the positions
-            GV._tq_decode8_gluon[(hk, b, splits)](*args, NW=gcfg["WM"] * wn, num_warps=gcfg["WM"] * wn, **common)
+        if trans:  # every warp along the positions
+            ra, rb = transposed_row_groups(rows)
+            GV._tq_verify_t_gluon[(hk, b, splits)](*args, RA=ra, RB=rb, NW=gcfg["WM"] * wn, num_warps=gcfg["WM"] * wn,
+                                                   **common)
         else:
             GV._tq_verify_gluon[(hk * m_chunks, b, splits)](*args, BLOCK_M=block_m, M_CHUNKS=m_chunks, WM=wm, WN=wn,
                                                             num_warps=wm * wn, **common)
@@ -1035,6 +1047,18 @@ def turboquant_verify_attention(
 
 
 _QUERY_ORDER: dict = {}
+
+
+def transposed_row_groups(rows: int) -> tuple[int, int]:
+    """Row groups (RA, RB) of the transposed Gluon kernel for ``rows`` query rows per (request, KV
+    head): powers of two (RB may be 0) covering ``rows`` rounded up to a multiple of 8, e.g. 6 -> (8, 0),
+    24 -> (16, 8), 36 -> (32, 8), 48 -> (32, 16), 56 -> (32, 32)."""
+    if not 1 <= rows <= 64:
+        raise ValueError(f"the transposed kernel takes 1..64 rows per KV head, got {rows}")
+    r8 = 8 * triton.cdiv(rows, 8)
+    ra = 1 << (r8.bit_length() - 1)
+    rb = r8 - ra
+    return ra, (triton.next_power_of_2(rb) if rb else 0)
 
 
 def gluon_query_order(d: int, device: torch.device) -> torch.Tensor:
@@ -1098,8 +1122,9 @@ def describe_kernels() -> list[tuple[str, str, str]]:
             why = "no hardware fp8 conversion" if fp8 else "no mma.sync / ldmatrix"
             rows.append((preset, "v2", f"SM {cap[0]}.{cap[1]} < {need[0]}.{need[1]}: {why}"))
         else:
-            rows.append((preset, name, f"Gluon, SM {cap[0]}.{cap[1]}; <= 8 query rows per KV head: transposed "
-                                       "(gluon8)" + ("; e4b15 keys or 2-byte-aligned slots: v2" if fp8 else "")))
+            rows.append((preset, name, f"Gluon, SM {cap[0]}.{cap[1]}; <= 8 query rows per KV head (and 33-40 "
+                                       "over >= 256 programs): transposed (gluon_t)"
+                                       + ("; e4b15 keys or 2-byte-aligned slots: v2" if fp8 else "")))
     return rows
 
 
