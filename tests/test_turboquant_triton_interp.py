@@ -257,3 +257,21 @@ def test_transposed_row_groups():
         (8, 0), (8, 0), (8, 0), (16, 0), (16, 0), (16, 8), (32, 0), (32, 8), (32, 8), (32, 16), (32, 32), (64, 0)]
     with pytest.raises(ValueError, match="1..64 rows"):
         TV.transposed_row_groups(65)
+
+
+def test_gluon_query_order_pairs_with_the_key_decodes():
+    """The query's head-dim order for the Gluon kernels, against its definition element by element:
+    column m * 64 + 16 c + r (r = 2t + i + 8h) holds element 4 (16c + 2t + 8h + m // 2) + 2 (m % 2) + i
+    (the pairs the wide key decodes give MMA sub-tile m; see ptx.FP8W / LUT8W)."""
+    from vllm_platform_ext.ops.turboquant import triton_verify as TV
+
+    q = torch.randn(3, 5, 256)
+    got = TV.gluon_query_order(q)
+    for m in range(4):
+        for c in range(4):
+            for r in range(16):
+                t, i, h = (r // 2) % 4, r % 2, r // 8
+                elem = 4 * (16 * c + 2 * t + 8 * h + m // 2) + 2 * (m % 2) + i
+                assert torch.equal(got[:, :, m * 64 + 16 * c + r], q[:, :, elem]), (m, c, r)
+    with pytest.raises(ValueError, match="head dim 256"):
+        TV.gluon_query_order(torch.randn(1, 1, 128))

@@ -983,7 +983,7 @@ def turboquant_verify_attention(
         # fp16 query scaled by softmax scale * log2(e) (keys decoded exactly), its head dim in the
         # order of the key decodes' outputs (gluon_query_order): the kernel keeps it in shared memory
         q16 = (q_in.float() * (float(scale) * _LOG2E)).to(torch.float16)
-        q16 = q16.index_select(2, gluon_query_order(d, dev))
+        q16 = gluon_query_order(q16)
         wm = min(gcfg["WM"], block_m // 16)  # warps along the rows (16 each) x along the positions
         wn = gcfg["WN"]
         if lay.key_fp8:
@@ -1046,9 +1046,6 @@ def turboquant_verify_attention(
     return out
 
 
-_QUERY_ORDER: dict = {}
-
-
 def transposed_row_groups(rows: int) -> tuple[int, int]:
     """Row groups (RA, RB) of the transposed Gluon kernel for ``rows`` query rows per (request, KV
     head): powers of two (RB may be 0) covering ``rows`` rounded up to a multiple of 8, e.g. 6 -> (8, 0),
@@ -1061,26 +1058,24 @@ def transposed_row_groups(rows: int) -> tuple[int, int]:
     return ra, (triton.next_power_of_2(rb) if rb else 0)
 
 
-def gluon_query_order(d: int, device: torch.device) -> torch.Tensor:
-    """Head-dim element of the Gluon kernel's query column ``m * d/4 + 16 c + r`` (sub-tile m,
-    16-wide chunk c, MMA k-row r = 2t + i + 8h; the operand layout gives a thread the register
-    pairs of k-rows 2t + 8h, 2t + 8h + 1), i.e. the order of the key decodes' outputs. Both key
-    kinds come out in the same order, element 4 (16c + 2t + 8h + m // 2) + 2 (m % 2) + i:
+def gluon_query_order(q: torch.Tensor) -> torch.Tensor:
+    """The query [n, heads, 256] with its head dim in the Gluon kernels' order: column
+    ``m * 64 + 16 c + r`` (sub-tile m, 16-wide chunk c, MMA k-row r = 2t + i + 8h; the operand
+    layout gives a thread the register pairs of k-rows 2t + 8h, 2t + 8h + 1) holds the element that
+    the key decodes pair with it, 4 (16c + 2t + 8h + m // 2) + 2 (m % 2) + i, for both key kinds:
 
     * fp8 keys (``ptx.FP8W``): k-row 2t + 8h + i reads key word 16c + 2t + 8h + i, and sub-tile m
       takes bytes 2 (m % 2), +1 of word 16c + 2t + 8h + m // 2;
     * MSE index words (``ptx.LUT8W`` ...): k-rows 2t + 8h, +1 read staged word w = 8c + t + 4h
       (halfwords 2w, 2w + 1; halfword j holds elements 4j..4j+3), and sub-tile m takes nibbles
-      2 (m % 2), +1 of its halfword m // 2."""
-    key = (d, str(device))
-    if key not in _QUERY_ORDER:
-        if d != 256:
-            raise ValueError(f"the Gluon kernel's query order is defined for head dim 256, got {d}")
-        # built on the device by kernels only (no host copy: the first call may be under graph capture)
-        m, c, r = torch.meshgrid(*(torch.arange(k, device=device) for k in (4, d // 64, 16)), indexing="ij")
-        i = r % 2
-        _QUERY_ORDER[key] = (4 * (16 * c + r - i + m // 2) + 2 * (m % 2) + i).reshape(-1)
-    return _QUERY_ORDER[key]
+      2 (m % 2), +1 of its halfword m // 2.
+
+    In digits, element (c, h, t, m // 2, m % 2, i) goes to column (m // 2, m % 2, c, h, t, i): one
+    permuting copy."""
+    n, hq, d = q.shape
+    if d != 256:
+        raise ValueError(f"the Gluon kernels' query order is defined for head dim 256, got {d}")
+    return q.reshape(n, hq, 4, 2, 4, 2, 2, 2).permute(0, 1, 5, 6, 2, 3, 4, 7).reshape(n, hq, d)
 
 
 def _word_views(kv_cache: torch.Tensor):
