@@ -248,6 +248,63 @@ if AVAILABLE:
                 zb + gl.load(LUT + (NT + 2) % (2 * NT)), zb + gl.load(LUT + (NT + 3) % (2 * NT)))
 
     @gluon.jit
+    def _as_halfwords(buf, BLOCK_N: gl.constexpr, layout: gl.constexpr):
+        """A [BLOCK_N, 32] int32 word buffer seen as [BLOCK_N, 64] halfwords (the ldmatrix reads)."""
+        if _NEW_REINTERPRET:
+            return buf.reinterpret(gl.int16, [BLOCK_N, 64], layout)
+        else:
+            return buf._reinterpret(gl.int16, [BLOCK_N, 64], layout)
+
+    @gluon.jit
+    def _row_state(R: gl.constexpr, L: gl.constexpr):
+        """Online-softmax state of R rows (layout L): running max, sum, zero-point sum, value scale."""
+        return (gl.full([R], float("-inf"), gl.float32, layout=L), gl.zeros([R], gl.float32, layout=L),
+                gl.zeros([R], gl.float32, layout=L), gl.full([R], 1.0, gl.float32, layout=L))
+
+    @gluon.jit
+    def _softmax_tile(s, visible, v_scale, v_zero, m_i, l_i, r_i, c_i, HALF: gl.constexpr, POS_AXIS: gl.constexpr):
+        """Online softmax of one tile's scores (positions along POS_AXIS: 1 for the row-major kernel's
+        S, 0 for the transposed kernel's S^T) -> fp16 weights (times the value scale over the tile's
+        largest), the updated row state and the accumulators' rescale factor per row."""
+        s = gl.where(visible, s, float("-inf"))
+        # one cross-warp reduction for both maxima: the rows' scores and the tile's value scale
+        # (the latter comes out per row, all equal)
+        s_row, v_row = gl.reduce((s, gl.zeros_like(s) + gl.expand_dims(v_scale, 1 - POS_AXIS)), POS_AXIS, _max2)
+        m_new = gl.maximum(m_i, s_row)
+        m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = gl.exp2(m_i - m_use)
+        p = gl.exp2(s - gl.expand_dims(m_use, POS_AXIS))
+        s_max = gl.maximum(gl.max(v_row, axis=0), 6e-8)  # (the rows are within each warp)
+        w16 = (p * gl.expand_dims(v_scale / s_max, 1 - POS_AXIS)).to(gl.float16)
+        # one reduction for both row sums: sum p, and the zero points + centring offset (HALF per index)
+        lsum, rsum = gl.reduce((p, p * gl.expand_dims(v_zero, 1 - POS_AXIS) + (HALF * s_max) * w16.to(gl.float32)),
+                               POS_AXIS, _add2)
+        f = alpha * (c_i / s_max)
+        return w16, m_new, l_i * alpha + lsum, r_i * alpha + rsum, gl.full_like(c_i, 1.0) * s_max, f
+
+    @gluon.jit
+    def _store_partial(MID, acc0, acc1, acc2, acc3, m_i, l_i, r_i, c_i, rows, b, kvh, sid, K1, G: gl.constexpr,
+                       stride_mr, stride_mh, stride_ms, JL: gl.constexpr, POS_AXIS: gl.constexpr):
+        """One program's (or row group's) split-KV partial: sub-tiles e of the output (head dim along
+        POS_AXIS, index layout JL) at columns e*64 + j, and the rows' log2-sum-exp."""
+        has = l_i > 0.0
+        inv = 1.0 / gl.where(has, l_i, 1.0)
+        ci = gl.expand_dims(c_i * inv, POS_AXIS)
+        ri = gl.expand_dims(r_i * inv, POS_AXIS)
+        lse2 = gl.where(has, m_i + gl.log2(gl.where(has, l_i, 1.0)), float("-inf"))
+        okr = rows < K1 * G
+        mid = MID + (b * K1 + rows // G).to(gl.int64) * stride_mr + (kvh * G + rows % G).to(gl.int64) * stride_mh \
+            + sid * stride_ms
+        j = gl.arange(0, 64, layout=JL)
+        mp = gl.expand_dims(mid, POS_AXIS) + gl.expand_dims(j, 1 - POS_AXIS)
+        ok = gl.expand_dims(okr, POS_AXIS)
+        gl.store(mp, acc0 * ci + ri, mask=ok)
+        gl.store(mp + 64, acc1 * ci + ri, mask=ok)
+        gl.store(mp + 128, acc2 * ci + ri, mask=ok)
+        gl.store(mp + 192, acc3 * ci + ri, mask=ok)
+        gl.store(mid + 256, lse2, mask=okr)
+
+    @gluon.jit
     def _tq_verify_gluon(
         Q16, KV, BT, SEQ, LUT, MID,
         stride_qn, stride_qh,
@@ -323,10 +380,7 @@ if AVAILABLE:
 
         rows = mc * BLOCK_M + gl.arange(0, BLOCK_M, layout=ROW)
         lim = seq_len - K1 + 1 + rows // G
-        m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, layout=ROW)
-        l_i = gl.zeros([BLOCK_M], gl.float32, layout=ROW)
-        r_i = gl.zeros([BLOCK_M], gl.float32, layout=ROW)
-        c_i = gl.full([BLOCK_M], 1.0, gl.float32, layout=ROW)
+        m_i, l_i, r_i, c_i = _row_state(BLOCK_M, ROW)
         acc0 = gl.zeros([BLOCK_M, D4], gl.float32, layout=mma)
         acc1 = gl.zeros([BLOCK_M, D4], gl.float32, layout=mma)
         acc2 = gl.zeros([BLOCK_M, D4], gl.float32, layout=mma)
@@ -338,10 +392,7 @@ if AVAILABLE:
                                     vw_smem, sz_smem, nr_smem, PAGE, BLOCK_N, KEY_BITS, VAL_BITS, NORM_W, VAL_W, SZ_W,
                                     LW, FOLD, STAGES, PREFETCH)
             if KEY_BITS != 8:
-                if _NEW_REINTERPRET:
-                    kwt = kw_smem.index(0).reinterpret(gl.int16, [BLOCK_N, D4], sh_v16).permute([1, 0])
-                else:
-                    kwt = kw_smem.index(0)._reinterpret(gl.int16, [BLOCK_N, D4], sh_v16).permute([1, 0])
+                kwt = _as_halfwords(kw_smem.index(0), BLOCK_N, sh_v16).permute([1, 0])
             else:
                 kwt = kw_smem.index(st).permute([1, 0])  # [64 words, BLOCK_N]
             s = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=mma)
@@ -376,36 +427,18 @@ if AVAILABLE:
                     s = mma_v2(q_smem.index(3).slice(16 * c, 16, dim=1).load(opA), k3, s)
             n = tile_start + gl.arange(0, BLOCK_N, layout=COL)
             visible = (n < end)[None, :] & (n[None, :] < lim[:, None])
-            s = gl.where(visible, s, float("-inf"))
             sz = sz_smem.index(st).load(COL)
             v_scale = (sz & 0xFFFF).to(gl.int16).to(gl.float16, bitcast=True).to(gl.float32)
             v_zero = (sz >> 16).to(gl.int16).to(gl.float16, bitcast=True).to(gl.float32)
-            # one cross-warp reduction for both maxima: the rows' scores and the tile's value scale
-            # (the latter comes out per row, all equal)
-            s_row, v_row = gl.reduce((s, gl.zeros_like(s) + v_scale[None, :]), 1, _max2)
-            m_new = gl.maximum(m_i, s_row)
-            m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
-            alpha = gl.exp2(m_i - m_use)
-            p = gl.exp2(s - m_use[:, None])
-
-            s_max = gl.maximum(gl.max(v_row, axis=0), 6e-8)  # (the rows are within each warp)
-            w16 = (p * (v_scale / s_max)[None, :]).to(gl.float16)
-            # one reduction for both row sums: sum p, and the zero points + centring offset (HALF per index)
-            lsum, rsum = gl.reduce((p, p * v_zero[None, :] + (HALF * s_max) * w16.to(gl.float32)), 1, _add2)
-            l_i = l_i * alpha + lsum
-            r_i = r_i * alpha + rsum
-            f = (alpha * (c_i / s_max))[:, None]
-            c_i = gl.full([BLOCK_M], 1.0, gl.float32, layout=ROW) * s_max
+            w16, m_i, l_i, r_i, c_i, f = _softmax_tile(s, visible, v_scale, v_zero, m_i, l_i, r_i, c_i, HALF, 1)
+            f = f[:, None]
             acc0 = acc0 * f
             acc1 = acc1 * f
             acc2 = acc2 * f
             acc3 = acc3 * f
             p_smem.store(w16)
             _barrier()
-            if _NEW_REINTERPRET:
-                vh = vw_smem.index(st).reinterpret(gl.int16, [BLOCK_N, D4], sh_v16)
-            else:
-                vh = vw_smem.index(st)._reinterpret(gl.int16, [BLOCK_N, D4], sh_v16)
+            vh = _as_halfwords(vw_smem.index(st), BLOCK_N, sh_v16)
             for kc in gl.static_range(BLOCK_N // 16):
                 pa = p_smem.slice(16 * kc, 16, dim=1).load(opA)
                 h = vh.slice(16 * kc, 16, dim=0).load(opB)
@@ -414,65 +447,12 @@ if AVAILABLE:
                 acc1 = mma_v2(pa, v1, acc1)
                 acc2 = mma_v2(pa, v2, acc2)
                 acc3 = mma_v2(pa, v3, acc3)
-            m_i = m_new
             _barrier()
         if KEY_BITS == 8:
             cp.wait_group(0)
 
-        has = l_i > 0.0
-        inv = 1.0 / gl.where(has, l_i, 1.0)
-        ci = c_i * inv
-        ri = r_i * inv
-        lse2 = gl.where(has, m_i + gl.log2(gl.where(has, l_i, 1.0)), float("-inf"))
-        okr = rows < K1 * G
-        mid = MID + (b * K1 + rows // G).to(gl.int64) * stride_mr + (kvh * G + rows % G).to(gl.int64) * stride_mh \
-            + sid * stride_ms
-        j = gl.arange(0, D4, layout=COL)
-        mp = mid[:, None] + j[None, :]
-        gl.store(mp, acc0 * ci[:, None] + ri[:, None], mask=okr[:, None])
-        gl.store(mp + D4, acc1 * ci[:, None] + ri[:, None], mask=okr[:, None])
-        gl.store(mp + 2 * D4, acc2 * ci[:, None] + ri[:, None], mask=okr[:, None])
-        gl.store(mp + 3 * D4, acc3 * ci[:, None] + ri[:, None], mask=okr[:, None])
-        gl.store(mid + D, lse2, mask=okr)
-
-    @gluon.jit
-    def _t_softmax(s, visible, v_scale, v_zero, m_i, l_i, r_i, c_i, HALF: gl.constexpr):
-        """Online softmax of one row group of the transposed kernel: S^T [positions, rows] ->
-        fp16 weights (times the value scale over the tile's largest), the updated row state and
-        the accumulators' rescale factor per row."""
-        s = gl.where(visible, s, float("-inf"))
-        # one cross-warp reduction for both maxima: the rows' scores and the tile's value scale
-        s_row, v_row = gl.reduce((s, gl.zeros_like(s) + v_scale[:, None]), 0, _max2)
-        m_new = gl.maximum(m_i, s_row)
-        m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = gl.exp2(m_i - m_use)
-        p = gl.exp2(s - m_use[None, :])
-        s_max = gl.maximum(gl.max(v_row, axis=0), 6e-8)
-        w16 = (p * (v_scale / s_max)[:, None]).to(gl.float16)
-        # one reduction for both row sums: sum p, and the zero points + centring offset (HALF per index)
-        lsum, rsum = gl.reduce((p, p * v_zero[:, None] + (HALF * s_max) * w16.to(gl.float32)), 0, _add2)
-        f = alpha * (c_i / s_max)
-        return w16, m_new, l_i * alpha + lsum, r_i * alpha + rsum, gl.full_like(c_i, 1.0) * s_max, f
-
-    @gluon.jit
-    def _t_store(MID, acc0, acc1, acc2, acc3, m_i, l_i, r_i, c_i, rows, b, kvh, sid, K1, G: gl.constexpr,
-                 stride_mr, stride_mh, stride_ms, POS: gl.constexpr):
-        """One row group's split-KV partial (O^T sub-tiles e at columns e*64 + j) and log2-sum-exp."""
-        has = l_i > 0.0
-        inv = 1.0 / gl.where(has, l_i, 1.0)
-        ci = c_i * inv
-        ri = r_i * inv
-        lse2 = gl.where(has, m_i + gl.log2(gl.where(has, l_i, 1.0)), float("-inf"))
-        okr = rows < K1 * G
-        mid = MID + (b * K1 + rows // G).to(gl.int64) * stride_mr + (kvh * G + rows % G).to(gl.int64) * stride_mh \
-            + sid * stride_ms
-        j = gl.arange(0, 64, layout=POS)
-        mp = mid[None, :] + j[:, None]
-        gl.store(mp, acc0 * ci[None, :] + ri[None, :], mask=okr[None, :])
-        gl.store(mp + 64, acc1 * ci[None, :] + ri[None, :], mask=okr[None, :])
-        gl.store(mp + 128, acc2 * ci[None, :] + ri[None, :], mask=okr[None, :])
-        gl.store(mp + 192, acc3 * ci[None, :] + ri[None, :], mask=okr[None, :])
-        gl.store(mid + 256, lse2, mask=okr)
+        _store_partial(MID, acc0, acc1, acc2, acc3, m_i, l_i, r_i, c_i, rows, b, kvh, sid, K1, G, stride_mr, stride_mh,
+                       stride_ms, COL, 1)
 
     @gluon.jit
     def _t_load_query(Q16, q_smem, R0: gl.constexpr, R: gl.constexpr, b, kvh, K1, G: gl.constexpr, stride_qn,
@@ -556,10 +536,7 @@ if AVAILABLE:
 
         rows_a = gl.arange(0, RA, layout=QR)
         lim_a = seq_len - K1 + 1 + rows_a // G
-        m_a = gl.full([RA], float("-inf"), gl.float32, layout=QR)
-        l_a = gl.zeros([RA], gl.float32, layout=QR)
-        r_a = gl.zeros([RA], gl.float32, layout=QR)
-        c_a = gl.full([RA], 1.0, gl.float32, layout=QR)
+        m_a, l_a, r_a, c_a = _row_state(RA, QR)
         a0 = gl.zeros([D4, RA], gl.float32, layout=mma)  # O^T: value head dim x rows, sub-tile e
         a1 = gl.zeros([D4, RA], gl.float32, layout=mma)
         a2 = gl.zeros([D4, RA], gl.float32, layout=mma)
@@ -567,10 +544,7 @@ if AVAILABLE:
         if RB > 0:
             rows_b = RA + gl.arange(0, RB, layout=QR)
             lim_b = seq_len - K1 + 1 + rows_b // G
-            m_b = gl.full([RB], float("-inf"), gl.float32, layout=QR)
-            l_b = gl.zeros([RB], gl.float32, layout=QR)
-            r_b = gl.zeros([RB], gl.float32, layout=QR)
-            c_b = gl.full([RB], 1.0, gl.float32, layout=QR)
+            m_b, l_b, r_b, c_b = _row_state(RB, QR)
             b0 = gl.zeros([D4, RB], gl.float32, layout=mma)
             b1 = gl.zeros([D4, RB], gl.float32, layout=mma)
             b2 = gl.zeros([D4, RB], gl.float32, layout=mma)
@@ -582,10 +556,7 @@ if AVAILABLE:
                                     vw_smem, sz_smem, nr_smem, PAGE, BLOCK_N, KEY_BITS, VAL_BITS, NORM_W, VAL_W, SZ_W,
                                     LW, FOLD, STAGES, PREFETCH)
             if KEY_BITS != 8:
-                if _NEW_REINTERPRET:
-                    kw16 = kw_smem.index(0).reinterpret(gl.int16, [BLOCK_N, D4], sh_v16)
-                else:
-                    kw16 = kw_smem.index(0)._reinterpret(gl.int16, [BLOCK_N, D4], sh_v16)
+                kw16 = _as_halfwords(kw_smem.index(0), BLOCK_N, sh_v16)
             sa = gl.zeros([BLOCK_N, RA], gl.float32, layout=mma)  # S^T: positions x rows
             if RB > 0:
                 sb = gl.zeros([BLOCK_N, RB], gl.float32, layout=mma)
@@ -622,26 +593,23 @@ if AVAILABLE:
             sz = sz_smem.index(st).load(POS)
             v_scale = (sz & 0xFFFF).to(gl.int16).to(gl.float16, bitcast=True).to(gl.float32)
             v_zero = (sz >> 16).to(gl.int16).to(gl.float16, bitcast=True).to(gl.float32)
-            wa, m_a, l_a, r_a, c_a, fa = _t_softmax(sa, (n < end)[:, None] & (n[:, None] < lim_a[None, :]), v_scale,
-                                                    v_zero, m_a, l_a, r_a, c_a, HALF)
+            wa, m_a, l_a, r_a, c_a, fa = _softmax_tile(sa, (n < end)[:, None] & (n[:, None] < lim_a[None, :]), v_scale,
+                                                       v_zero, m_a, l_a, r_a, c_a, HALF, 0)
             a0 = a0 * fa[None, :]
             a1 = a1 * fa[None, :]
             a2 = a2 * fa[None, :]
             a3 = a3 * fa[None, :]
             pa_smem.store(wa)
             if RB > 0:
-                wb, m_b, l_b, r_b, c_b, fb = _t_softmax(sb, (n < end)[:, None] & (n[:, None] < lim_b[None, :]),
-                                                        v_scale, v_zero, m_b, l_b, r_b, c_b, HALF)
+                wb, m_b, l_b, r_b, c_b, fb = _softmax_tile(sb, (n < end)[:, None] & (n[:, None] < lim_b[None, :]),
+                                                           v_scale, v_zero, m_b, l_b, r_b, c_b, HALF, 0)
                 b0 = b0 * fb[None, :]
                 b1 = b1 * fb[None, :]
                 b2 = b2 * fb[None, :]
                 b3 = b3 * fb[None, :]
                 pb_smem.store(wb)
             _barrier()
-            if _NEW_REINTERPRET:
-                vh = vw_smem.index(st).reinterpret(gl.int16, [BLOCK_N, D4], sh_v16)
-            else:
-                vh = vw_smem.index(st)._reinterpret(gl.int16, [BLOCK_N, D4], sh_v16)
+            vh = _as_halfwords(vw_smem.index(st), BLOCK_N, sh_v16)
             for kc in gl.static_range(BLOCK_N // 16):
                 h = vh.slice(16 * kc, 16, dim=0).permute([1, 0]).load(opA)  # [64 halfwords, 16 positions]
                 v0, v1, v2, v3 = _nib_wide(h, VAL_BITS)
@@ -660,8 +628,8 @@ if AVAILABLE:
         if KEY_BITS == 8:
             cp.wait_group(0)
 
-        _t_store(MID, a0, a1, a2, a3, m_a, l_a, r_a, c_a, rows_a, b, kvh, sid, K1, G, stride_mr, stride_mh,
-                 stride_ms, POS)
+        _store_partial(MID, a0, a1, a2, a3, m_a, l_a, r_a, c_a, rows_a, b, kvh, sid, K1, G, stride_mr, stride_mh,
+                       stride_ms, POS, 0)
         if RB > 0:
-            _t_store(MID, b0, b1, b2, b3, m_b, l_b, r_b, c_b, rows_b, b, kvh, sid, K1, G, stride_mr, stride_mh,
-                     stride_ms, POS)
+            _store_partial(MID, b0, b1, b2, b3, m_b, l_b, r_b, c_b, rows_b, b, kvh, sid, K1, G, stride_mr,
+                           stride_mh, stride_ms, POS, 0)

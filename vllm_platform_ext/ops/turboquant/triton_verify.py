@@ -988,11 +988,11 @@ def turboquant_verify_attention(
         wn = gcfg["WN"]
         if lay.key_fp8:
             kv, lut, units = kv32, kv32, 4  # (no codebook: any pointer for LUT)
-            mse = dict(PREFETCH=bool(gcfg.get("PREFETCH", False)))
+            key_args = dict(PREFETCH=bool(gcfg.get("PREFETCH", False)))
         else:
             lut, fold = _codebook_tables(cent, lay.key_bits, gcfg.get("FOLD", True))
             kv, units = kv16, 2
-            mse = dict(KEY_BITS=lay.key_bits, VAL_BITS=lay.value_bits, NORM_W=lay.mse_bytes // 2,
+            key_args = dict(KEY_BITS=lay.key_bits, VAL_BITS=lay.value_bits, NORM_W=lay.mse_bytes // 2,
                        NORM_CORRECTION=lay.norm_correction, PREFETCH=bool(gcfg.get("PREFETCH", False)), FOLD=fold)
         args = (q16, kv, block_table, seq_lens, lut, mid,
                 q16.stride(0), q16.stride(1),
@@ -1002,7 +1002,7 @@ def turboquant_verify_attention(
                 k1, splits)
         common = dict(G=hq // hk, PAGE=kv_cache.shape[1], BLOCK_N=BLOCK_N or gcfg["BLOCK_N"],
                       VAL_W=lay.key_packed_size // units, SZ_W=lay.scale_offset // units,
-                      STAGES=num_stages or gcfg["num_stages"], **mse,
+                      STAGES=num_stages or gcfg["num_stages"], **key_args,
                       **({"maxnreg": gcfg["maxnreg"]} if gcfg.get("maxnreg") else {}))
         if trans:  # every warp along the positions
             ra, rb = transposed_row_groups(rows)
@@ -1157,7 +1157,7 @@ def _codebook_entry(centroids: torch.Tensor):
 
 def _symmetric_codebook(centroids: torch.Tensor) -> bool:
     """True when the fp16 codebook is exactly symmetric (c[n-1-i] == -c[i]), so 4-bit keys can be
-    looked up in its 8 positive entries (ptx.LUT8S_POS). An unchecked codebook during CUDA-graph
+    looked up in its 8 positive entries (ptx.LUT8SW). An unchecked codebook during CUDA-graph
     capture counts as not symmetric (the general 16-entry lookup)."""
     entry = _codebook_entry(centroids)
     return bool(entry and entry[2])
