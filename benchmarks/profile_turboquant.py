@@ -42,9 +42,11 @@ def run_case(preset, b, k, cfg, layout="vllm", hq=24, hk=4, ctx=32768, bw=None, 
     cfg = dict(cfg)
     call = {k: cfg.pop(k) for k in ("BLOCK_M", "num_kv_splits") if k in cfg}
     gluon = cfg.pop("GLUON", None)
-    if gluon:  # {"GLUON": true, ...}: the Gluon kernel with these settings
+    keep_rules = cfg.pop("RULES", False)
+    if gluon:  # {"GLUON": true, ...}: the Gluon kernel with these settings ("RULES": true: shape rules still apply)
         TV.GLUON_LAUNCH_DEFAULTS[preset] = {**TV.GLUON_LAUNCH_DEFAULTS.get(preset, {}), **cfg}
-        TV.GLUON_SHAPE_RULES = {}
+        if not keep_rules:
+            TV.GLUON_SHAPE_RULES = {}
     else:
         TV.V2_LAUNCH_DEFAULTS[preset] = {**saved, **cfg}
     if cfg or call or gluon is not None:  # an explicit config is timed as given; {} times what ships

@@ -310,6 +310,21 @@ def test_shape_rule_launches_match_reference(num_reqs, k1):
     assert rel_err(out, ref) < 3e-3
 
 
+@pytest.mark.parametrize("preset,num_reqs,maxnreg", [("turboquant_k8v4", 64, 80), ("turboquant_4bit_nc", 32, 128),
+                                                    ("turboquant_3bit_nc", 32, 128)])
+def test_gluon_plain_decode_register_cap_rules_match_reference(preset, num_reqs, maxnreg):
+    """Plain decode over many programs (GLUON_SHAPE_RULES: k8v4 >= 256 programs at 80 registers,
+    MSE >= 128 at 128) runs the transposed kernel with more programs per SM and split counts sized
+    for them; bf16 queries as vLLM passes them, vLLM's page layout."""
+    _need_cuda()
+    cfg = TV.gluon_launch_config(preset, num_reqs, 4, 1, 1)
+    assert cfg["maxnreg"] == maxnreg, "the shape rule did not fire"
+    lens = [1 + (37 + 397 * i) % 3000 for i in range(num_reqs)]
+    out, ref, _ = run_both(preset, lens, 24, 4, 1, qdtype=torch.bfloat16, layout="vllm")
+    assert TV.LAST_KERNEL.startswith("gluon_t_")
+    assert rel_err(out, ref) < 1e-2
+
+
 @pytest.mark.parametrize("preset", ["turboquant_k8v4", "turboquant_3bit_nc"])
 def test_bf16_queries_and_matches_vllm_decode_route(upstream, preset):
     lay, cent, H = _tables(preset)
@@ -448,7 +463,8 @@ def _sanitize_sweep() -> None:
     # ASM_SPLIT, maxnreg 168) and a small verify batch (BLOCK_N 64, 3 stages)
     for use_gluon in (True, False):
         TV.USE_GLUON = use_gluon
-        for n, k1 in ((32, 1), (8, 4), (32, 4), (64, 6)):  # (64, 6): 36 rows on the transposed kernel (rules)
+        # (64, 6): 36 rows on the transposed kernel; (64, 1): plain decode over 256 programs at 80 registers (rules)
+        for n, k1 in ((32, 1), (8, 4), (32, 4), (64, 6), (64, 1)):
             out, ref, _ = run_both("turboquant_k8v4", [k1 + (37 + 397 * i) % 3000 for i in range(n)], 24, 4, k1,
                                    layout="vllm")
             worst = max(worst, rel_err(out, ref))
@@ -461,7 +477,8 @@ def _sanitize_sweep() -> None:
                         (6, {"TRANSPOSED_ROWS": 40}),
                         (2, {"BLOCK_N": 128, "maxnreg": None})):
             TV.GLUON_LAUNCH_DEFAULTS[preset] = {**saved, **cfg}
-            out, ref, _ = run_both(preset, [k1 + (37 + 397 * i) % 3000 for i in range(9)], 24, 4, k1, layout="vllm")
+            n = 32 if k1 == 1 else 9  # plain decode over 128 programs: 128 registers (rules)
+            out, ref, _ = run_both(preset, [k1 + (37 + 397 * i) % 3000 for i in range(n)], 24, 4, k1, layout="vllm")
             assert TV.LAST_KERNEL == ("gluon_t_mse" if k1 == 1 or "TRANSPOSED_ROWS" in cfg else "gluon_mse")
             worst = max(worst, rel_err(out, ref))
         TV.GLUON_LAUNCH_DEFAULTS[preset] = saved

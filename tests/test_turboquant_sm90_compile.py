@@ -142,3 +142,63 @@ def test_gluon_transposed_compiles(aot, preset, arch, rows, hmma):
             aot_gluon.consts_for(preset, PREFETCH=True, BLOCK_M=16), maxnreg=168, arch=arch))[1])
         assert sum(op.startswith("HMMA") for op in row_major) == 64
     assert not any(op.startswith(("LDL", "STL")) for op in body), f"{preset}: spills {res}"
+
+
+@pytest.mark.parametrize("preset,rows,stages,bn", [
+    ("turboquant_k8v4", (8, 0), 1, 64), ("turboquant_k8v4", (8, 0), 2, 32), ("turboquant_k8v4", (8, 0), 3, 32),
+    ("turboquant_k8v4", (32, 8), 2, 64), ("turboquant_k8v4", None, 1, 64), ("turboquant_4bit_nc", (8, 0), 1, 64),
+    ("turboquant_3bit_nc", None, 1, 64),
+])
+def test_gluon_shared_bytes_bound_the_compiled_kernel(aot, preset, rows, stages, bn):
+    """The split-count logic sizes waves by programs per SM, and shared memory is one of its limits:
+    ``gluon_shared_bytes`` must never undercount what the compiler allocates (an SM would then hold
+    fewer programs than assumed and the last wave would spill over) and should be close (within 1 KB)."""
+    from vllm_platform_ext.ops.turboquant import gluon_verify as GV
+    from vllm_platform_ext.ops.turboquant import triton_verify as TV
+
+    if not GV.AVAILABLE:
+        pytest.skip("this Triton has no Gluon")
+    import aot_gluon  # tools/
+
+    k = aot_gluon.compile_gluon(aot_gluon.consts_for(preset, STAGES=stages, BLOCK_N=bn, PREFETCH=True), rows=rows)
+    cfg = {"BLOCK_N": bn, "num_stages": stages, "WM": 1, "WN": 4, "maxnreg": 96}
+    est = TV.gluon_shared_bytes(cfg, sum(rows) if rows else 32, preset == "turboquant_k8v4")
+    assert k.metadata.shared <= est <= k.metadata.shared + 1024, (est, k.metadata.shared)
+
+
+def test_gluon_ctas_per_sm_takes_the_tightest_limit():
+    """Programs per SM: registers (cap x 32 x warps of 64K), shared memory (228 KB) and warps (64)."""
+    from vllm_platform_ext.ops.turboquant import triton_verify as TV
+
+    base = {"BLOCK_N": 64, "num_stages": 1, "WM": 1, "WN": 4}
+    assert TV.gluon_ctas_per_sm({**base, "maxnreg": 168}) == 3  # registers (shipped)
+    assert TV.gluon_ctas_per_sm({**base, "maxnreg": None}, 40) == 2  # no cap: 255 assumed
+    assert TV.gluon_ctas_per_sm({**base, "maxnreg": 80}, 8) == 6  # 80 regs: 6; shared 30 KB: 7
+    assert TV.gluon_ctas_per_sm({**base, "maxnreg": 80, "num_stages": 2}, 8) == 4  # shared: 55 KB each
+    assert TV.gluon_ctas_per_sm({**base, "maxnreg": 80, "num_stages": 3, "BLOCK_N": 32}, 8) == 5
+
+
+@pytest.mark.parametrize("preset,maxnreg", [("turboquant_k8v4", 80), ("turboquant_4bit_nc", 128),
+                                            ("turboquant_k3v4_nc", 128), ("turboquant_3bit_nc", 128)])
+def test_gluon_plain_decode_register_caps_do_not_spill(aot, preset, maxnreg):
+    """Plain decode over many programs runs the transposed kernel under a lower register cap
+    (GLUON_SHAPE_RULES: k8v4 80 registers, 6 programs per SM; MSE 128, 4 per SM): the tile loop
+    must not spill its working set: no stores to local memory and at most six reloads of loop
+    invariants per tile (Triton 3.6, on the GPU machine, reloads none; 3.9 up to six)."""
+    from vllm_platform_ext.ops.turboquant import gluon_verify as GV
+    from vllm_platform_ext.ops.turboquant import triton_verify as TV
+
+    if not GV.AVAILABLE:
+        pytest.skip("this Triton has no Gluon")
+    import aot_gluon  # tools/
+    import aot_loop  # tools/
+
+    cfg = TV.gluon_launch_config(preset, 64, 4, 1, 1)  # B = 64, 4 KV heads, plain decode: 256 programs
+    assert cfg["maxnreg"] == maxnreg
+    k = aot_gluon.compile_gluon(aot_gluon.consts_for(preset, PREFETCH=cfg.get("PREFETCH", False)), maxnreg=maxnreg,
+                                rows=(8, 0))
+    ops, sass, res = aot.stats(k)
+    body = aot_loop.loop_body(sass)
+    assert sum(op.startswith("HMMA") for op in body) == 32
+    assert sum(op.startswith("LDL") for op in body) <= 6 and not any(op.startswith("STL") for op in body), \
+        f"{preset}: spills at {maxnreg} registers {res}"

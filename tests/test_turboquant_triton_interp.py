@@ -45,6 +45,8 @@ def _cases():
         ("turboquant_k8v4", 6, 6, "float16", {"BLOCK_M": 16}),  # 36 rows in 3 row chunks
         ("turboquant_3bit_nc", 6, 1, "float32", {"GATHER": True, "BLOCK_N": 16}),
         ("turboquant_k3v4_nc", 2, 8, "float16", {"num_kv_splits": 1}),
+        # 20 splits (the merge's running max over many splits, most of them empty)
+        ("turboquant_4bit_nc", 4, 6, "float32", {"num_kv_splits": 20, "BLOCK_N": 16}),
     ]
     return out
 
@@ -273,5 +275,9 @@ def test_gluon_query_order_pairs_with_the_key_decodes():
                 t, i, h = (r // 2) % 4, r % 2, r // 8
                 elem = 4 * (16 * c + 2 * t + 8 * h + m // 2) + 2 * (m % 2) + i
                 assert torch.equal(got[:, :, m * 64 + 16 * c + r], q[:, :, elem]), (m, c, r)
+    # the kernels' in-load form of the same order (gluon_verify._load_query)
+    for e in range(4):
+        for j in range(64):
+            assert torch.equal(got[:, :, e * 64 + j], q[:, :, 8 * (j // 2) + 2 * e + j % 2]), (e, j)
     with pytest.raises(ValueError, match="head dim 256"):
         TV.gluon_query_order(torch.randn(1, 1, 128))

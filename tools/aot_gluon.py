@@ -40,6 +40,9 @@ def compile_gluon(consts, maxnreg=None, arch=90, rows=None):
             "NW": consts["WM"] * consts["WN"], "RA": rows[0], "RB": rows[1]}
     sig, constexprs, attrs = A.signature(fn, consts)
     sig["KV"] = "*i32" if consts.get("KEY_BITS", 8) == 8 else "*i16"  # the cache's word view
+    # the query as the host passes it: the model's (bf16) for fp8 keys, the rotated fp32 one for MSE keys
+    if "Q" in sig:
+        sig["Q"] = "*bf16" if consts.get("KEY_BITS", 8) == 8 else "*fp32"
     sig["LUT"] = "*i32"
     src = GluonASTSource(fn=fn, signature=sig, constexprs=constexprs, attrs=attrs)
     opts = {"num_warps": consts["NW"] if rows else consts["WM"] * consts["WN"]}

@@ -8,9 +8,10 @@ workspace, combined by ``_tq_verify_stage2`` with ``SPLIT4``), but every layout 
 * raw key words (4 fp8 bytes) and value words (2 x 4 nibbles) go global -> shared memory with
   ``cp.async`` (STAGES-deep ring) and come out of shared memory straight in the MMA operand
   layout, where they are converted in registers (no dequantized tile is written anywhere);
-* the fp16 query (scaled, its head dim in the order of the key decodes:
-  ``triton_verify.gluon_query_order``) sits in shared memory once and is read per 16-wide
-  chunk, so no warp holds the whole query in registers;
+* the query (any float dtype) is read once per program, scaled, converted to fp16 and put in
+  shared memory with its head dim in the order of the key decodes (``_load_query``; the host's
+  ``triton_verify.gluon_query_order`` is the same order), then read per 16-wide chunk, so no
+  warp holds the whole query in registers and the host launches no query kernels;
 * softmax weights go through a small shared tile to the second product;
 * warps split both the rows and the tile's positions (``WM x WN``).
 
@@ -305,13 +306,29 @@ if AVAILABLE:
         gl.store(mid + 256, lse2, mask=okr)
 
     @gluon.jit
+    def _load_query(Q, q_smem, r0, R: gl.constexpr, b, kvh, K1, G: gl.constexpr, stride_qn, stride_qh, qk_scale,
+                    LQ: gl.constexpr):
+        """Query rows r0 .. r0+R-1 of (request b, KV head kvh) (zero past K1 * G; any float dtype),
+        times qk_scale (softmax scale * log2 e), as fp16 -> shared memory, four sub-tiles [R, 64] with
+        the head dim in the key decodes' order: column j of sub-tile e holds element
+        8 (j // 2) + 2 e + j % 2 (``triton_verify.gluon_query_order`` on the host is the same order)."""
+        mq = r0 + gl.arange(0, R, layout=gl.SliceLayout(1, LQ))
+        okq = mq < K1 * G
+        qrow = (b * K1 + mq // G).to(gl.int64) * stride_qn + (kvh * G + mq % G).to(gl.int64) * stride_qh
+        j = gl.arange(0, 64, layout=gl.SliceLayout(0, LQ))
+        src = (j // 2) * 8 + j % 2
+        for e in gl.static_range(4):
+            qv = gl.load(Q + (qrow[:, None] + (src + 2 * e)[None, :]), mask=okq[:, None], other=0.0)
+            q_smem.index(e).store((qv.to(gl.float32) * qk_scale).to(gl.float16))
+
+    @gluon.jit
     def _tq_verify_gluon(
-        Q16, KV, BT, SEQ, LUT, MID,
+        Q, KV, BT, SEQ, LUT, MID,
         stride_qn, stride_qh,
         stride_cb, stride_cp, stride_ch,  # in KV elements (32-bit words for k8v4, 16-bit for MSE)
         stride_bt,
         stride_mr, stride_mh, stride_ms,
-        K1, NUM_SPLITS,
+        qk_scale, K1, NUM_SPLITS,
         G: gl.constexpr, BLOCK_M: gl.constexpr, M_CHUNKS: gl.constexpr,
         PAGE: gl.constexpr, BLOCK_N: gl.constexpr, VAL_W: gl.constexpr, SZ_W: gl.constexpr,
         WM: gl.constexpr, WN: gl.constexpr, STAGES: gl.constexpr,
@@ -355,13 +372,7 @@ if AVAILABLE:
 
         # query -> shared memory, four sub-tiles [BLOCK_M, 64]
         q_smem = gl.allocate_shared_memory(gl.float16, [4, BLOCK_M, D4], sh_h)
-        mq = mc * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, LQ))
-        okq = mq < K1 * G
-        qrow = (b * K1 + mq // G).to(gl.int64) * stride_qn + (kvh * G + mq % G).to(gl.int64) * stride_qh
-        jq = gl.arange(0, D4, layout=gl.SliceLayout(0, LQ))
-        for e in gl.static_range(4):
-            qv = gl.load(Q16 + (qrow[:, None] + e * D4 + jq[None, :]), mask=okq[:, None], other=0.0)
-            q_smem.index(e).store(qv)
+        _load_query(Q, q_smem, mc * BLOCK_M, BLOCK_M, b, kvh, K1, G, stride_qn, stride_qh, qk_scale, LQ)
 
         if KEY_BITS != 8:
             kw_smem = gl.allocate_shared_memory(gl.int32, [STAGES, BLOCK_N, D4 // 2], sh_v32)
@@ -455,25 +466,13 @@ if AVAILABLE:
                        stride_ms, COL, 1)
 
     @gluon.jit
-    def _t_load_query(Q16, q_smem, R0: gl.constexpr, R: gl.constexpr, b, kvh, K1, G: gl.constexpr, stride_qn,
-                      stride_qh, LQ: gl.constexpr):
-        """Query rows R0 .. R0+R-1 (zero past K1 * G) -> shared memory, four sub-tiles [R, 64]."""
-        mq = R0 + gl.arange(0, R, layout=gl.SliceLayout(1, LQ))
-        okq = mq < K1 * G
-        qrow = (b * K1 + mq // G).to(gl.int64) * stride_qn + (kvh * G + mq % G).to(gl.int64) * stride_qh
-        jq = gl.arange(0, 64, layout=gl.SliceLayout(0, LQ))
-        for e in gl.static_range(4):
-            qv = gl.load(Q16 + (qrow[:, None] + e * 64 + jq[None, :]), mask=okq[:, None], other=0.0)
-            q_smem.index(e).store(qv)
-
-    @gluon.jit
     def _tq_verify_t_gluon(
-        Q16, KV, BT, SEQ, LUT, MID,
+        Q, KV, BT, SEQ, LUT, MID,
         stride_qn, stride_qh,
         stride_cb, stride_cp, stride_ch,
         stride_bt,
         stride_mr, stride_mh, stride_ms,
-        K1, NUM_SPLITS,
+        qk_scale, K1, NUM_SPLITS,
         G: gl.constexpr, RA: gl.constexpr, RB: gl.constexpr,
         PAGE: gl.constexpr, BLOCK_N: gl.constexpr, VAL_W: gl.constexpr, SZ_W: gl.constexpr,
         NW: gl.constexpr, STAGES: gl.constexpr,
@@ -512,10 +511,10 @@ if AVAILABLE:
         seq_len, start, end, n_tiles = _split_range(SEQ, b, sid, NUM_SPLITS, BLOCK_N)
 
         qa_smem = gl.allocate_shared_memory(gl.float16, [4, RA, D4], sh_h)
-        _t_load_query(Q16, qa_smem, 0, RA, b, kvh, K1, G, stride_qn, stride_qh, LQ)
+        _load_query(Q, qa_smem, 0, RA, b, kvh, K1, G, stride_qn, stride_qh, qk_scale, LQ)
         if RB > 0:
             qb_smem = gl.allocate_shared_memory(gl.float16, [4, RB, D4], sh_h)
-            _t_load_query(Q16, qb_smem, RA, RB, b, kvh, K1, G, stride_qn, stride_qh, LQ)
+            _load_query(Q, qb_smem, RA, RB, b, kvh, K1, G, stride_qn, stride_qh, qk_scale, LQ)
 
         if KEY_BITS != 8:
             kw_smem = gl.allocate_shared_memory(gl.int32, [STAGES, BLOCK_N, D4 // 2], sh_v32)

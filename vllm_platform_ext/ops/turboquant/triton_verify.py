@@ -756,6 +756,10 @@ GLUON_LAUNCH_DEFAULTS = {
 #  - MSE presets (one shared buffer, so no stage changes): <= 8 programs: no register cap, 1.10x
 #    (3bit_nc B = 1, K = 3, 32K); K+1 >= 5: one 64-row program, no cap, 1.12-1.18x (3bit_nc, 4bit_nc
 #    B = 64 and B = 8 at 32K, k3v4_nc B = 8 at 4K).
+#  - plain decode over >= 256 programs: register cap 80 for k8v4 (6 programs per SM); over >= 128: 128
+#    for MSE (4 per SM). The split-KV programs then fit one wave instead of ~2 at 3 per SM: k8v4 24/4 B = 64 4K
+#    1.05-1.06x, 32K 1.01x; 4bit_nc B = 32/64 1.04-1.07x, 3bit_nc B = 64 1.03-1.04x, k3v4_nc 1.05x. With fewer
+#    programs the lower cap is slower (0.93-0.98x: k8v4 B = 32 and 16/2 B = 64, MSE B = 8).
 #  - TRANSPOSED_ROWS: rows per (request, KV head) up to which the transposed kernel runs (rows as the
 #    MMA's N in groups of 8): by default plain decode with GQA <= 8 (1.00-1.08x k8v4, 1.08-1.11x MSE);
 #    K+1 = 6 with GQA 6 (36 rows as 32 + 8, not 64) over >= 256 programs too, no cap: 1.21x k8v4
@@ -764,6 +768,7 @@ GLUON_LAUNCH_DEFAULTS = {
 #    saved MMAs).
 _MSE_RULES = [
     {"k1": (1, None), "programs": (1, 8), "set": {"maxnreg": None}},
+    {"k1": (1, 1), "programs": (128, None), "set": {"maxnreg": 128}},
     {"k1": (5, None), "programs": (256, None), "set": {"MAX_BLOCK_M": 64, "maxnreg": None, "TRANSPOSED_ROWS": 40}},
     {"k1": (5, None), "programs": (1, None), "set": {"MAX_BLOCK_M": 64, "maxnreg": None}},
 ]
@@ -773,6 +778,7 @@ GLUON_SHAPE_RULES = {
         {"k1": (5, None), "programs": (256, None),
          "set": {"MAX_BLOCK_M": 64, "num_stages": 2, "maxnreg": None, "TRANSPOSED_ROWS": 40}},
         {"k1": (5, None), "programs": (1, None), "set": {"MAX_BLOCK_M": 64, "num_stages": 2, "maxnreg": None}},
+        {"k1": (1, 1), "programs": (256, None), "set": {"PREFETCH": True, "maxnreg": 80}},
         {"k1": (1, 1), "programs": (9, None), "set": {"PREFETCH": True}},
     ],
     "turboquant_4bit_nc": _MSE_RULES,
@@ -781,13 +787,25 @@ GLUON_SHAPE_RULES = {
 }
 
 
-def gluon_ctas_per_sm(cfg: dict) -> int:
-    """Programs of the Gluon kernel one SM holds at once, from its register cap (no cap: assume
-    255) and warps: 168 registers x 4 warps -> 3. (Shared memory allows at least as many at the
-    shipped one-stage settings: 38-46 KB per program.)"""
+def gluon_ctas_per_sm(cfg: dict, rows: int = 32, key_fp8: bool = True) -> int:
+    """Programs of the Gluon kernel one SM holds at once: the fewest that its register cap (no cap:
+    assume 255) and warps allow (168 registers x 4 warps -> 3) and that its shared memory allows
+    (``gluon_shared_bytes`` per program, 228 KB per SM, 1 KB reserved per program)."""
     regs = cfg.get("maxnreg") or 255
     warps = cfg["WM"] * cfg["WN"]
-    return max(1, 65536 // (regs * 32 * warps))
+    by_regs = 65536 // (regs * 32 * warps)
+    by_smem = (228 * 1024) // (gluon_shared_bytes(cfg, rows, key_fp8) + 1024)
+    return max(1, min(by_regs, by_smem, 64 // warps))
+
+
+def gluon_shared_bytes(cfg: dict, rows: int, key_fp8: bool) -> int:
+    """Shared memory of one Gluon program (at most 1 KB over what the compiler allocates) holding
+    ``rows`` query rows (padded as the kernel pads them): per stage, a tile of key words (64 per
+    position for fp8, 32 for index words), 32 value words and the scale/zero word (plus the key
+    norm for MSE); the fp16 query [rows, 256] and the softmax weights [rows, BLOCK_N]."""
+    bn = cfg["BLOCK_N"]
+    stage = bn * ((64 if key_fp8 else 33) + 32 + 1) * 4
+    return cfg["num_stages"] * stage + rows * 512 + rows * bn * 2 + 1024
 
 
 def gluon_num_kv_splits(programs: int, device: torch.device, max_splits: int, ctas_per_sm: int,
@@ -934,8 +952,13 @@ def turboquant_verify_attention(
     m_chunks = triton.cdiv(rows, block_m)
     max_splits = workspace.max_kv_splits if workspace is not None else DEFAULT_MAX_KV_SPLITS
     v2 = v2_launch_config(preset, b, hk, k1, m_chunks) if kv16 is not None else {}
+    # up to TRANSPOSED_ROWS rows per (request, KV head): the transposed Gluon kernel (rows as the MMA's N)
+    trans = gcfg is not None and rows <= min(64, gcfg.get("TRANSPOSED_ROWS", 8))
     if gcfg is not None and gcfg.get("SPLIT_FIT") and not gcfg.get("SPLIT_WAVES"):
-        splits = num_kv_splits or gluon_num_kv_splits(b * hk * m_chunks, dev, max_splits, gluon_ctas_per_sm(gcfg))
+        prog_rows = sum(transposed_row_groups(rows)) if trans else block_m
+        gcfg = dict(gcfg, num_stages=num_stages or gcfg["num_stages"], BLOCK_N=BLOCK_N or gcfg["BLOCK_N"])
+        ctas = gluon_ctas_per_sm(gcfg, prog_rows, lay.key_fp8)
+        splits = num_kv_splits or gluon_num_kv_splits(b * hk * (1 if trans else m_chunks), dev, max_splits, ctas)
     elif kv16 is not None:
         waves = (gcfg or v2).get("SPLIT_WAVES")
         splits = num_kv_splits or v2_num_kv_splits(b, hk, m_chunks, dev, max_splits, waves)
@@ -977,13 +1000,9 @@ def turboquant_verify_attention(
     if gcfg is not None:  # (only set with the word views)
         from vllm_platform_ext.ops.turboquant import gluon_verify as GV
 
-        # up to TRANSPOSED_ROWS rows per (request, KV head): the transposed kernel (rows as the MMA's N)
-        trans = rows <= min(64, gcfg.get("TRANSPOSED_ROWS", 8))
         LAST_KERNEL = ("gluon_t_" if trans else "gluon_") + ("k8v4" if lay.key_fp8 else "mse")
-        # fp16 query scaled by softmax scale * log2(e) (keys decoded exactly), its head dim in the
-        # order of the key decodes' outputs (gluon_query_order): the kernel keeps it in shared memory
-        q16 = (q_in.float() * (float(scale) * _LOG2E)).to(torch.float16)
-        q16 = gluon_query_order(q16)
+        # the kernels read the query as it is: scaled by softmax scale * log2(e) (keys decoded exactly),
+        # converted to fp16 and put in the key decodes' head-dim order (gluon_query_order) in-kernel
         wm = min(gcfg["WM"], block_m // 16)  # warps along the rows (16 each) x along the positions
         wn = gcfg["WN"]
         if lay.key_fp8:
@@ -994,12 +1013,12 @@ def turboquant_verify_attention(
             kv, units = kv16, 2
             key_args = dict(KEY_BITS=lay.key_bits, VAL_BITS=lay.value_bits, NORM_W=lay.mse_bytes // 2,
                        NORM_CORRECTION=lay.norm_correction, PREFETCH=bool(gcfg.get("PREFETCH", False)), FOLD=fold)
-        args = (q16, kv, block_table, seq_lens, lut, mid,
-                q16.stride(0), q16.stride(1),
+        args = (q_in, kv, block_table, seq_lens, lut, mid,
+                q_in.stride(0), q_in.stride(1),
                 kv.stride(0), kv.stride(1), kv.stride(2),
                 block_table.stride(0),
                 mid.stride(0), mid.stride(1), mid.stride(2),
-                k1, splits)
+                float(scale) * _LOG2E, k1, splits)
         common = dict(G=hq // hk, PAGE=kv_cache.shape[1], BLOCK_N=BLOCK_N or gcfg["BLOCK_N"],
                       VAL_W=lay.key_packed_size // units, SZ_W=lay.scale_offset // units,
                       STAGES=num_stages or gcfg["num_stages"], **key_args,
@@ -1071,7 +1090,9 @@ def gluon_query_order(q: torch.Tensor) -> torch.Tensor:
       2 (m % 2), +1 of its halfword m // 2.
 
     In digits, element (c, h, t, m // 2, m % 2, i) goes to column (m // 2, m % 2, c, h, t, i): one
-    permuting copy."""
+    permuting copy. The kernels build this order themselves while loading the query
+    (``gluon_verify._load_query``: column j of sub-tile e reads element 8 (j // 2) + 2 e + j % 2);
+    this is its host-side definition, for tests and tools."""
     n, hq, d = q.shape
     if d != 256:
         raise ValueError(f"the Gluon kernels' query order is defined for head dim 256, got {d}")
