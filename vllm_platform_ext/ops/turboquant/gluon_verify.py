@@ -263,6 +263,12 @@ if AVAILABLE:
                 gl.zeros([R], gl.float32, layout=L), gl.full([R], 1.0, gl.float32, layout=L))
 
     @gluon.jit
+    def _acc_zeros(M: gl.constexpr, N: gl.constexpr, L: gl.constexpr):
+        """The four output sub-tile accumulators [M, N] (layout L), zero."""
+        return (gl.zeros([M, N], gl.float32, layout=L), gl.zeros([M, N], gl.float32, layout=L),
+                gl.zeros([M, N], gl.float32, layout=L), gl.zeros([M, N], gl.float32, layout=L))
+
+    @gluon.jit
     def _softmax_tile(s, visible, v_scale, v_zero, m_i, l_i, r_i, c_i, HALF: gl.constexpr, POS_AXIS: gl.constexpr):
         """Online softmax of one tile's scores (positions along POS_AXIS: 1 for the row-major kernel's
         S, 0 for the transposed kernel's S^T) -> fp16 weights (times the value scale over the tile's
@@ -392,10 +398,7 @@ if AVAILABLE:
         rows = mc * BLOCK_M + gl.arange(0, BLOCK_M, layout=ROW)
         lim = seq_len - K1 + 1 + rows // G
         m_i, l_i, r_i, c_i = _row_state(BLOCK_M, ROW)
-        acc0 = gl.zeros([BLOCK_M, D4], gl.float32, layout=mma)
-        acc1 = gl.zeros([BLOCK_M, D4], gl.float32, layout=mma)
-        acc2 = gl.zeros([BLOCK_M, D4], gl.float32, layout=mma)
-        acc3 = gl.zeros([BLOCK_M, D4], gl.float32, layout=mma)
+        acc0, acc1, acc2, acc3 = _acc_zeros(BLOCK_M, D4, mma)
 
         for it in range(0, n_tiles):
             tile_start = start + it * BLOCK_N
@@ -536,18 +539,12 @@ if AVAILABLE:
         rows_a = gl.arange(0, RA, layout=QR)
         lim_a = seq_len - K1 + 1 + rows_a // G
         m_a, l_a, r_a, c_a = _row_state(RA, QR)
-        a0 = gl.zeros([D4, RA], gl.float32, layout=mma)  # O^T: value head dim x rows, sub-tile e
-        a1 = gl.zeros([D4, RA], gl.float32, layout=mma)
-        a2 = gl.zeros([D4, RA], gl.float32, layout=mma)
-        a3 = gl.zeros([D4, RA], gl.float32, layout=mma)
+        a0, a1, a2, a3 = _acc_zeros(D4, RA, mma)  # O^T: value head dim x rows, sub-tile e
         if RB > 0:
             rows_b = RA + gl.arange(0, RB, layout=QR)
             lim_b = seq_len - K1 + 1 + rows_b // G
             m_b, l_b, r_b, c_b = _row_state(RB, QR)
-            b0 = gl.zeros([D4, RB], gl.float32, layout=mma)
-            b1 = gl.zeros([D4, RB], gl.float32, layout=mma)
-            b2 = gl.zeros([D4, RB], gl.float32, layout=mma)
-            b3 = gl.zeros([D4, RB], gl.float32, layout=mma)
+            b0, b1, b2, b3 = _acc_zeros(D4, RB, mma)
 
         for it in range(0, n_tiles):
             tile_start = start + it * BLOCK_N
