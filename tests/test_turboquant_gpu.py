@@ -198,8 +198,9 @@ def _check_gluon_settings(preset, cfg, heads, k1, layout, kernel):
         hq, hk = heads
         lens = [k1 + 3, 0, 700, 4096 + k1, 2]
         out, ref, _ = run_both(preset, lens, hq, hk, k1, layout=layout, num_kv_splits=3)
-        if k1 * hq // hk <= min(64, cfg.get("TRANSPOSED_ROWS", 8)):  # the transposed kernel
-            kernel = kernel.replace("gluon_", "gluon_t_")
+        wg = cfg.get("WGMMA") and torch.cuda.get_device_capability() == (9, 0)  # on Hopper MMAs
+        if k1 * hq // hk <= min(64, max(cfg.get("TRANSPOSED_ROWS", 8), cfg.get("WG_ROWS", 0) if wg else 0)):
+            kernel = kernel.replace("gluon_", "gluon_wg_" if wg else "gluon_t_")  # the transposed kernel
         assert TV.LAST_KERNEL == kernel
     finally:
         TV.GLUON_LAUNCH_DEFAULTS[preset], TV.GLUON_SHAPE_RULES = saved, saved_rules
@@ -273,6 +274,44 @@ def test_gluon_transposed_and_row_major_agree(preset, heads, k1, cfg):
             TV.GLUON_LAUNCH_DEFAULTS[preset], TV.GLUON_SHAPE_RULES = saved, saved_rules
         outs.append(out)
     assert rel_err(outs[0], outs[1]) < 3e-3
+
+
+@pytest.mark.parametrize("preset", PRESETS)
+@pytest.mark.parametrize("heads,k1", [((24, 4), 1), ((16, 2), 1), ((32, 8), 2), ((24, 4), 2), ((24, 4), 4),
+                                      ((16, 2), 4), ((24, 4), 6), ((16, 2), 6)])
+@pytest.mark.parametrize("extra", [{"WG_DEPTH": 0}, {"WG_DEPTH": 1, "maxnreg": None}, {"num_stages": 2}])
+def test_gluon_wgmma_matches_reference(preset, heads, k1, extra):
+    """The transposed kernel on Hopper warpgroup MMAs (``_tq_verify_wg_gluon``: decoded key and
+    value words as register A operands, query and softmax weights as shared-memory B operands, row
+    groups 8, 16 + 8, 32, 32 + 8, 32 + 16; chunks of MMAs in flight, WG_DEPTH) against the float64
+    reference, with the causal mask, a padding request and a request shorter than K+1."""
+    _need_cuda()
+    from vllm_platform_ext.ops.turboquant import gluon_verify as GV
+
+    if not GV.AVAILABLE or torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("needs Triton with Gluon and SM 9.0")
+    if extra.get("num_stages", 1) > 1 and preset != "turboquant_k8v4":
+        pytest.skip("MSE tiles are staged through registers (one stage)")
+    kind = "k8v4" if preset == "turboquant_k8v4" else "mse"
+    cfg = {**TV.GLUON_LAUNCH_DEFAULTS[preset], "TRANSPOSED_ROWS": 64, "WGMMA": True, **extra}
+    _check_gluon_settings(preset, cfg, heads, k1, "vllm", f"gluon_{kind}")
+
+
+@pytest.mark.parametrize("heads,num_reqs", [((24, 4), 8), ((24, 4), 64), ((16, 2), 8), ((16, 2), 64)])
+def test_k8v4_wgmma_rule_matches_reference(heads, num_reqs):
+    """What ships for k8v4 at K+1 = 6 over > 8 programs (GLUON_SHAPE_RULES: on Hopper the
+    warpgroup-MMA transposed kernel, 36 rows as 32 + 8, 48 as 32 + 16, two stages): bf16 queries,
+    vLLM's page layout, ragged lengths, against the float64 reference."""
+    _need_cuda()
+    hq, hk = heads
+    k1 = 6
+    cfg = TV.gluon_launch_config("turboquant_k8v4", num_reqs, hk, k1, -(-k1 * hq // hk // 32))
+    assert cfg["WGMMA"] and cfg["WG_ROWS"] >= k1 * hq // hk, "the shape rule did not fire"
+    lens = [k1 + (37 + 397 * i) % 5000 for i in range(num_reqs)]
+    out, ref, _ = run_both("turboquant_k8v4", lens, hq, hk, k1, qdtype=torch.bfloat16, layout="vllm")
+    if torch.cuda.get_device_capability() == (9, 0):
+        assert TV.LAST_KERNEL == "gluon_wg_k8v4"
+    assert rel_err(out, ref) < 1e-2
 
 
 @pytest.mark.parametrize("preset", MSE_PRESETS)
@@ -365,11 +404,12 @@ def test_padding_requests_and_short_rows_give_zeros():
     assert rel_err(out, ref) < 3e-3
 
 
-@pytest.mark.parametrize("preset", ["turboquant_k8v4", "turboquant_k3v4_nc"])
-def test_cuda_graph_captured_with_dummy_lengths_replays_real(preset):
+@pytest.mark.parametrize("preset,k1", [("turboquant_k8v4", 4), ("turboquant_k3v4_nc", 4), ("turboquant_k8v4", 6)])
+def test_cuda_graph_captured_with_dummy_lengths_replays_real(preset, k1):
+    """(k8v4 K+1 = 6: on Hopper the warpgroup-MMA kernel.)"""
     _need_cuda()
     lay, cent, H = _tables(preset)
-    hq, hk, k1, max_seqs = 24, 4, 4, 3
+    hq, hk, max_seqs = 24, 4, 3
     real = [3000, 17, 1200]
     view, bt_real = make_cache(preset, real, hk, seed=5)
     ws = TV.VerifyWorkspace.allocate(max_seqs, k1, hq, D, device="cuda")
@@ -464,7 +504,8 @@ def _sanitize_sweep() -> None:
     for use_gluon in (True, False):
         TV.USE_GLUON = use_gluon
         # (64, 6): 36 rows on the transposed kernel; (64, 1): plain decode over 256 programs at 80 registers (rules)
-        for n, k1 in ((32, 1), (8, 4), (32, 4), (64, 6), (64, 1)):
+        # (8, 6) / (64, 6): on Hopper the warpgroup-MMA transposed kernel (rules)
+        for n, k1 in ((32, 1), (8, 4), (32, 4), (64, 6), (8, 6), (64, 1)):
             out, ref, _ = run_both("turboquant_k8v4", [k1 + (37 + 397 * i) % 3000 for i in range(n)], 24, 4, k1,
                                    layout="vllm")
             worst = max(worst, rel_err(out, ref))

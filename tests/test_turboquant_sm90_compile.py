@@ -144,6 +144,49 @@ def test_gluon_transposed_compiles(aot, preset, arch, rows, hmma):
     assert not any(op.startswith(("LDL", "STL")) for op in body), f"{preset}: spills {res}"
 
 
+@pytest.mark.parametrize("rows", [(32, 8), (32, 16)])
+def test_gluon_wgmma_form_compiles_for_sm90(aot, rows):
+    """The transposed kernel's Hopper form (WG: what ships for k8v4 at K+1 >= 5, 36 and 48 rows,
+    two stages, no register cap, WG_DEPTH 1) builds on warpgroup MMAs only: per 64-position tile
+    16 key + 16 value ``HGMMA`` per row group and no ``mma.sync``, with their waits, without
+    spilling; ``gluon_shared_bytes`` covers its 128-byte-swizzled operand buffers."""
+    from vllm_platform_ext.ops.turboquant import gluon_verify as GV
+    from vllm_platform_ext.ops.turboquant import triton_verify as TV
+
+    if not GV.AVAILABLE:
+        pytest.skip("this Triton has no Gluon")
+    import aot_gluon  # tools/
+    import aot_loop  # tools/
+
+    cfg = TV.gluon_launch_config("turboquant_k8v4", 16, 4, 6, 2)
+    assert cfg["WGMMA"] and cfg["WG_ROWS"] >= sum(rows) and cfg["maxnreg"] is None
+    k = aot_gluon.compile_gluon(aot_gluon.consts_for("turboquant_k8v4", WG=True, WG_DEPTH=cfg["WG_DEPTH"],
+                                                     STAGES=cfg["num_stages"]), rows=rows)
+    ops, sass, res = aot.stats(k)
+    body = aot_loop.loop_body(sass)
+    assert sum(op.startswith("HGMMA") for op in body) == 64
+    assert not any(op.startswith("HMMA") for op in body)
+    assert any(op.startswith("WARPGROUP.DEPBAR") for op in body)
+    assert not any(op.startswith(("LDL", "STL")) for op in body), f"spills {res}"
+    est = TV.gluon_shared_bytes(cfg, sum(rows), True)
+    assert k.metadata.shared <= est <= k.metadata.shared + 1024, (est, k.metadata.shared)
+
+
+def test_k8v4_wgmma_rule_covers_long_verify_batches_only():
+    """The Hopper form is picked by shape: k8v4 K+1 >= 5 over more than 8 programs; not plain
+    decode, not K+1 = 4, not one request (<= 8 programs), not the MSE presets."""
+    from vllm_platform_ext.ops.turboquant import triton_verify as TV
+
+    def wg(preset, b, hk, k1, hq_per_hk=6):
+        cfg = TV.gluon_launch_config(preset, b, hk, k1, -(-k1 * hq_per_hk // 32))
+        return bool(cfg.get("WGMMA"))
+
+    assert wg("turboquant_k8v4", 64, 4, 6) and wg("turboquant_k8v4", 8, 4, 6) and wg("turboquant_k8v4", 8, 2, 6, 8)
+    assert not wg("turboquant_k8v4", 1, 4, 6)  # 8 programs
+    assert not wg("turboquant_k8v4", 64, 4, 4) and not wg("turboquant_k8v4", 64, 4, 1)
+    assert not any(wg(p, 64, 4, 6) for p in ("turboquant_4bit_nc", "turboquant_k3v4_nc", "turboquant_3bit_nc"))
+
+
 @pytest.mark.parametrize("preset,rows,stages,bn", [
     ("turboquant_k8v4", (8, 0), 1, 64), ("turboquant_k8v4", (8, 0), 2, 32), ("turboquant_k8v4", (8, 0), 3, 32),
     ("turboquant_k8v4", (32, 8), 2, 64), ("turboquant_k8v4", None, 1, 64), ("turboquant_4bit_nc", (8, 0), 1, 64),

@@ -33,11 +33,13 @@ def consts_for(preset="turboquant_k8v4", **over):
 
 def compile_gluon(consts, maxnreg=None, arch=90, rows=None):
     """The row-major kernel, or with ``rows`` = (RA, RB) the transposed one
-    (``_tq_verify_t_gluon``: the same consts, NW = WM x WN warps, row groups RA + RB)."""
+    (``_tq_verify_t_gluon``: the same consts, NW = WM x WN warps, row groups RA + RB; WG / WG_DEPTH
+    in ``consts`` for its warpgroup-MMA form)."""
     fn = GV._tq_verify_t_gluon if rows else GV._tq_verify_gluon
     if rows:
         consts = {k: v for k, v in consts.items() if k not in ("BLOCK_M", "M_CHUNKS", "WM", "WN")} | {
             "NW": consts["WM"] * consts["WN"], "RA": rows[0], "RB": rows[1]}
+        consts = {"WG": False, "WG_DEPTH": 1} | consts  # mma.sync unless WG (Hopper warpgroup MMAs)
     sig, constexprs, attrs = A.signature(fn, consts)
     sig["KV"] = "*i32" if consts.get("KEY_BITS", 8) == 8 else "*i16"  # the cache's word view
     # the query as the host passes it: the model's (bf16) for fp8 keys, the rotated fp32 one for MSE keys

@@ -39,6 +39,10 @@ try:
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.language.nvidia.ampere import async_copy as cp
     from triton.experimental.gluon.language.nvidia.ampere import mma_v2
+    from triton.experimental.gluon.language.nvidia import hopper as _hopper
+
+    _wg_wait = _hopper.warpgroup_mma_wait
+    _fence_async_shared = _hopper.fence_async_shared
 
     # cp.async global -> shared: ``async_load`` in newer Gluon, ``async_copy_global_to_shared`` in 3.6
     _cp_async = cp.async_load if hasattr(cp, "async_load") else cp.async_copy_global_to_shared
@@ -468,6 +472,50 @@ if AVAILABLE:
         _store_partial(MID, acc0, acc1, acc2, acc3, m_i, l_i, r_i, c_i, rows, b, kvh, sid, K1, G, stride_mr, stride_mh,
                        stride_ms, COL, 1)
 
+    @gluon.constexpr_function
+    def _t_mma_layout(WG, NW, R):
+        """The transposed kernel's accumulator layout for a row group of R rows: Hopper warpgroup
+        MMA (instruction N = R) or mma.sync 16 x 8 tiles, warps along the positions (M)."""
+        if WG:
+            return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NW, 1], instr_shape=[16, R, 16])
+        return gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[NW, 1], instr_shape=[16, 8])
+
+    @gluon.constexpr_function
+    def _t_operand_smem(WG, ROW_BYTES):
+        """Shared layout of the transposed kernel's B operands (query, softmax weights; fp16 rows of
+        ROW_BYTES): the warpgroup MMAs' swizzle (128 bytes, or the row when shorter), else a
+        16-byte-unit XOR swizzle for ldmatrix."""
+        if WG:
+            return gl.NVMMASharedLayout(swizzle_byte_width=min(128, ROW_BYTES), element_bitwidth=16, rank=2)
+        return gl.SwizzledSharedLayout(vec=8, per_phase=1, max_phase=8, order=[1, 0])
+
+    @gluon.jit
+    def _mma_t(a, b_smem, acc, opA: gl.constexpr, opB: gl.constexpr, WG: gl.constexpr):
+        """acc + a @ b, b [K, N] a shared-memory view: a Hopper warpgroup MMA left in flight (WG;
+        ``_wg_wait`` collects it), else mma.sync on b loaded in the operand layout."""
+        if WG:
+            return _hopper.warpgroup_mma(gl.convert_layout(a, opA), b_smem, acc, is_async=True)
+        else:
+            return mma_v2(a, b_smem.load(opB), acc)
+
+    @gluon.jit
+    def _store_weights(p_smem, w, WG: gl.constexpr):
+        """A tile's softmax weights w [positions, rows] -> shared memory: as P [rows, positions]
+        for the warpgroup MMAs (WG; then fenced for their reads), else as they are."""
+        if WG:
+            p_smem.permute([1, 0]).store(w)
+            _fence_async_shared()
+        else:
+            p_smem.store(w)
+
+    @gluon.jit
+    def _weights_chunk(p_smem, kc: gl.constexpr, WG: gl.constexpr):
+        """Positions 16 kc .. 16 kc + 15 of the stored weights as the B operand view [16, rows]."""
+        if WG:
+            return p_smem.slice(16 * kc, 16, dim=1).permute([1, 0])
+        else:
+            return p_smem.slice(16 * kc, 16, dim=0)
+
     @gluon.jit
     def _tq_verify_t_gluon(
         Q, KV, BT, SEQ, LUT, MID,
@@ -481,6 +529,7 @@ if AVAILABLE:
         NW: gl.constexpr, STAGES: gl.constexpr,
         KEY_BITS: gl.constexpr = 8, VAL_BITS: gl.constexpr = 4, NORM_W: gl.constexpr = 0,
         NORM_CORRECTION: gl.constexpr = False, PREFETCH: gl.constexpr = False, FOLD: gl.constexpr = False,
+        WG: gl.constexpr = False, WG_DEPTH: gl.constexpr = 1,
     ):
         """:func:`_tq_verify_gluon` transposed: S^T = K Q^T and O^T = V^T P^T, so the query rows of a
         (request, KV head) are the tensor cores' N, in multiples of 8 instead of 16-row tiles: two
@@ -489,21 +538,36 @@ if AVAILABLE:
         (and the value head dim) are the M side, split over NW warps; each tile's key and value words
         are decoded once, as A operands, for both groups; the query and the softmax weights are the
         B operands (shared memory). Same inputs, staging, decodes, query order and workspace output
-        as the row-major kernel."""
+        as the row-major kernel.
+
+        WG (SM 9.0, NW = 4: one warpgroup): Hopper warpgroup MMAs instead of mma.sync. The decoded
+        words stay the register A operands (M = 64 positions or value head-dim rows, the same
+        per-warp rows as mma.sync's); the query and the softmax weights are read by the MMAs from
+        shared memory (``NVMMASharedLayout``; the weights stored as P [rows, positions]) with N = RA
+        or RB rows per instruction. The MMAs of up to WG_DEPTH earlier 16-wide chunks stay in flight
+        while the next chunk is decoded."""
         D4: gl.constexpr = 64
-        mma: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[NW, 1], instr_shape=[16, 8])
+        if WG:
+            gl.static_assert(NW == 4, "warpgroup MMAs: one warpgroup of 4 warps")
+            gl.static_assert(BLOCK_N % 64 == 0, "warpgroup MMAs: M (the tile's positions) a multiple of 64")
+        mma: gl.constexpr = _t_mma_layout(WG, NW, RA)
+        mma_b: gl.constexpr = _t_mma_layout(WG, NW, RB if RB > 0 else 8)
+        sh_h: gl.constexpr = _t_operand_smem(WG, 2 * D4)  # the query (sub-tiles of 64)
+        sh_p: gl.constexpr = _t_operand_smem(WG, 2 * BLOCK_N)  # the softmax weights (WG: P [rows, BLOCK_N])
         opA: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
+        opA_b: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma_b, k_width=2)
         opB: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=mma, k_width=2)
+        opB_b: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=mma_b, k_width=2)
         LW: gl.constexpr = gl.BlockedLayout([1, 1], [4, 8], [NW, 1], [1, 0])
         LQ: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [NW, 1], [1, 0])
         POS: gl.constexpr = gl.SliceLayout(1, mma)  # along the positions / value head dim (M)
+        POS_B: gl.constexpr = gl.SliceLayout(1, mma_b)  # (the same distribution)
         QR: gl.constexpr = gl.SliceLayout(0, mma)  # along the query rows (N)
+        QR_B: gl.constexpr = gl.SliceLayout(0, mma_b)
         sh_w: gl.constexpr = gl.SwizzledSharedLayout(vec=8, per_phase=1, max_phase=8, order=[1, 0])
         sh_v32: gl.constexpr = gl.SwizzledSharedLayout(vec=4, per_phase=1, max_phase=8, order=[1, 0])
         sh_v16: gl.constexpr = gl.SwizzledSharedLayout(vec=8, per_phase=1, max_phase=8, order=[1, 0])
         sh_s: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0])
-        sh_h: gl.constexpr = gl.SwizzledSharedLayout(vec=8, per_phase=1, max_phase=8, order=[1, 0])
-        sh_p: gl.constexpr = gl.SwizzledSharedLayout(vec=8, per_phase=1, max_phase=8, order=[1, 0])
         if KEY_BITS != 8:
             gl.static_assert(STAGES == 1, "MSE tiles are staged through registers: one shared buffer")
         HALF: gl.constexpr = 2.0 ** (VAL_BITS - 1)
@@ -527,9 +591,15 @@ if AVAILABLE:
             nr_smem = gl.allocate_shared_memory(gl.float32, [1], sh_s)  # (no key norms: unused)
         vw_smem = gl.allocate_shared_memory(gl.int32, [STAGES, BLOCK_N, D4 // 2], sh_v32)
         sz_smem = gl.allocate_shared_memory(gl.int32, [STAGES, BLOCK_N], sh_s)
-        pa_smem = gl.allocate_shared_memory(gl.float16, [BLOCK_N, RA], sh_p)
-        if RB > 0:
-            pb_smem = gl.allocate_shared_memory(gl.float16, [BLOCK_N, RB], sh_p)
+        if WG:  # P [rows, positions]: positions contiguous (the MMAs' K-major B operand)
+            pa_smem = gl.allocate_shared_memory(gl.float16, [RA, BLOCK_N], sh_p)
+            if RB > 0:
+                pb_smem = gl.allocate_shared_memory(gl.float16, [RB, BLOCK_N], sh_p)
+            _fence_async_shared()  # the query's stores, before the MMAs read it (after a barrier)
+        else:
+            pa_smem = gl.allocate_shared_memory(gl.float16, [BLOCK_N, RA], sh_p)
+            if RB > 0:
+                pb_smem = gl.allocate_shared_memory(gl.float16, [BLOCK_N, RB], sh_p)
 
         bt_row = BT + b.to(gl.int64) * stride_bt
         kv_off = kvh.to(gl.int64) * stride_ch
@@ -541,10 +611,10 @@ if AVAILABLE:
         m_a, l_a, r_a, c_a = _row_state(RA, QR)
         a0, a1, a2, a3 = _acc_zeros(D4, RA, mma)  # O^T: value head dim x rows, sub-tile e
         if RB > 0:
-            rows_b = RA + gl.arange(0, RB, layout=QR)
+            rows_b = RA + gl.arange(0, RB, layout=QR_B)
             lim_b = seq_len - K1 + 1 + rows_b // G
-            m_b, l_b, r_b, c_b = _row_state(RB, QR)
-            b0, b1, b2, b3 = _acc_zeros(D4, RB, mma)
+            m_b, l_b, r_b, c_b = _row_state(RB, QR_B)
+            b0, b1, b2, b3 = _acc_zeros(D4, RB, mma_b)
 
         for it in range(0, n_tiles):
             tile_start = start + it * BLOCK_N
@@ -555,7 +625,7 @@ if AVAILABLE:
                 kw16 = _as_halfwords(kw_smem.index(0), BLOCK_N, sh_v16)
             sa = gl.zeros([BLOCK_N, RA], gl.float32, layout=mma)  # S^T: positions x rows
             if RB > 0:
-                sb = gl.zeros([BLOCK_N, RB], gl.float32, layout=mma)
+                sb = gl.zeros([BLOCK_N, RB], gl.float32, layout=mma_b)
             if KEY_BITS != 8:
                 ssq = gl.zeros([BLOCK_N, 16], gl.float32, layout=opA)
                 t0, t1, t2, t3, t4, t5, t6, t7 = _lut_tables(LUT, gl.full([BLOCK_N, 16], 0, gl.int32, layout=opA),
@@ -569,22 +639,27 @@ if AVAILABLE:
                         ssq += sq.to(gl.float32)
                 else:
                     k0, k1, k2, k3 = _fp8_wide(kw_smem.index(st).slice(16 * c, 16, dim=1).load(opA))
-                sa = mma_v2(k0, qa_smem.index(0).slice(16 * c, 16, dim=1).permute([1, 0]).load(opB), sa)
-                sa = mma_v2(k1, qa_smem.index(1).slice(16 * c, 16, dim=1).permute([1, 0]).load(opB), sa)
-                sa = mma_v2(k2, qa_smem.index(2).slice(16 * c, 16, dim=1).permute([1, 0]).load(opB), sa)
-                sa = mma_v2(k3, qa_smem.index(3).slice(16 * c, 16, dim=1).permute([1, 0]).load(opB), sa)
+                sa = _mma_t(k0, qa_smem.index(0).slice(16 * c, 16, dim=1).permute([1, 0]), sa, opA, opB, WG)
+                sa = _mma_t(k1, qa_smem.index(1).slice(16 * c, 16, dim=1).permute([1, 0]), sa, opA, opB, WG)
+                sa = _mma_t(k2, qa_smem.index(2).slice(16 * c, 16, dim=1).permute([1, 0]), sa, opA, opB, WG)
+                sa = _mma_t(k3, qa_smem.index(3).slice(16 * c, 16, dim=1).permute([1, 0]), sa, opA, opB, WG)
                 if RB > 0:
-                    sb = mma_v2(k0, qb_smem.index(0).slice(16 * c, 16, dim=1).permute([1, 0]).load(opB), sb)
-                    sb = mma_v2(k1, qb_smem.index(1).slice(16 * c, 16, dim=1).permute([1, 0]).load(opB), sb)
-                    sb = mma_v2(k2, qb_smem.index(2).slice(16 * c, 16, dim=1).permute([1, 0]).load(opB), sb)
-                    sb = mma_v2(k3, qb_smem.index(3).slice(16 * c, 16, dim=1).permute([1, 0]).load(opB), sb)
+                    sb = _mma_t(k0, qb_smem.index(0).slice(16 * c, 16, dim=1).permute([1, 0]), sb, opA_b, opB_b, WG)
+                    sb = _mma_t(k1, qb_smem.index(1).slice(16 * c, 16, dim=1).permute([1, 0]), sb, opA_b, opB_b, WG)
+                    sb = _mma_t(k2, qb_smem.index(2).slice(16 * c, 16, dim=1).permute([1, 0]), sb, opA_b, opB_b, WG)
+                    sb = _mma_t(k3, qb_smem.index(3).slice(16 * c, 16, dim=1).permute([1, 0]), sb, opA_b, opB_b, WG)
+                if WG:  # chunk c's MMAs read its decoded keys: at most WG_DEPTH chunks left in flight
+                    if RB > 0:
+                        sa, sb = _wg_wait(8 * WG_DEPTH if c < D4 // 16 - 1 else 0, deps=[sa, sb])
+                    else:
+                        sa = _wg_wait(4 * WG_DEPTH if c < D4 // 16 - 1 else 0, deps=[sa])
             if KEY_BITS != 8:
                 k_mul = nr_smem.load(POS)
                 if NORM_CORRECTION:
                     k_mul = k_mul / gl.sqrt(gl.convert_layout(gl.sum(ssq, axis=1), POS) + 1e-16)
                 sa = sa * k_mul[:, None]
                 if RB > 0:
-                    sb = sb * k_mul[:, None]
+                    sb = sb * gl.convert_layout(k_mul, POS_B)[:, None]
             n = tile_start + gl.arange(0, BLOCK_N, layout=POS)
             sz = sz_smem.index(st).load(POS)
             v_scale = (sz & 0xFFFF).to(gl.int16).to(gl.float16, bitcast=True).to(gl.float32)
@@ -595,31 +670,41 @@ if AVAILABLE:
             a1 = a1 * fa[None, :]
             a2 = a2 * fa[None, :]
             a3 = a3 * fa[None, :]
-            pa_smem.store(wa)
+            _store_weights(pa_smem, wa, WG)
             if RB > 0:
-                wb, m_b, l_b, r_b, c_b, fb = _softmax_tile(sb, (n < end)[:, None] & (n[:, None] < lim_b[None, :]),
-                                                           v_scale, v_zero, m_b, l_b, r_b, c_b, HALF, 0)
+                nb = gl.convert_layout(n, POS_B)
+                wb, m_b, l_b, r_b, c_b, fb = _softmax_tile(sb, (nb < end)[:, None] & (nb[:, None] < lim_b[None, :]),
+                                                           gl.convert_layout(v_scale, POS_B),
+                                                           gl.convert_layout(v_zero, POS_B), m_b, l_b, r_b, c_b, HALF,
+                                                           0)
                 b0 = b0 * fb[None, :]
                 b1 = b1 * fb[None, :]
                 b2 = b2 * fb[None, :]
                 b3 = b3 * fb[None, :]
-                pb_smem.store(wb)
+                _store_weights(pb_smem, wb, WG)
             _barrier()
             vh = _as_halfwords(vw_smem.index(st), BLOCK_N, sh_v16)
             for kc in gl.static_range(BLOCK_N // 16):
                 h = vh.slice(16 * kc, 16, dim=0).permute([1, 0]).load(opA)  # [64 halfwords, 16 positions]
                 v0, v1, v2, v3 = _nib_wide(h, VAL_BITS)
-                pa = pa_smem.slice(16 * kc, 16, dim=0).load(opB)  # [16 positions, RA]
-                a0 = mma_v2(v0, pa, a0)
-                a1 = mma_v2(v1, pa, a1)
-                a2 = mma_v2(v2, pa, a2)
-                a3 = mma_v2(v3, pa, a3)
+                pa = _weights_chunk(pa_smem, kc, WG)  # [16 positions, RA]
+                a0 = _mma_t(v0, pa, a0, opA, opB, WG)
+                a1 = _mma_t(v1, pa, a1, opA, opB, WG)
+                a2 = _mma_t(v2, pa, a2, opA, opB, WG)
+                a3 = _mma_t(v3, pa, a3, opA, opB, WG)
                 if RB > 0:
-                    pb = pb_smem.slice(16 * kc, 16, dim=0).load(opB)
-                    b0 = mma_v2(v0, pb, b0)
-                    b1 = mma_v2(v1, pb, b1)
-                    b2 = mma_v2(v2, pb, b2)
-                    b3 = mma_v2(v3, pb, b3)
+                    pb = _weights_chunk(pb_smem, kc, WG)
+                    b0 = _mma_t(v0, pb, b0, opA_b, opB_b, WG)
+                    b1 = _mma_t(v1, pb, b1, opA_b, opB_b, WG)
+                    b2 = _mma_t(v2, pb, b2, opA_b, opB_b, WG)
+                    b3 = _mma_t(v3, pb, b3, opA_b, opB_b, WG)
+                if WG:  # (the last chunk waits for all: the accumulators are rescaled next tile)
+                    if RB > 0:
+                        a0, a1, a2, a3, b0, b1, b2, b3 = _wg_wait(8 * WG_DEPTH if kc < BLOCK_N // 16 - 1 else 0,
+                                                                  deps=[a0, a1, a2, a3, b0, b1, b2, b3])
+                    else:
+                        a0, a1, a2, a3 = _wg_wait(4 * WG_DEPTH if kc < BLOCK_N // 16 - 1 else 0,
+                                                  deps=[a0, a1, a2, a3])
             _barrier()
         if KEY_BITS == 8:
             cp.wait_group(0)
@@ -628,4 +713,5 @@ if AVAILABLE:
                        stride_ms, POS, 0)
         if RB > 0:
             _store_partial(MID, b0, b1, b2, b3, m_b, l_b, r_b, c_b, rows_b, b, kvh, sid, K1, G, stride_mr,
-                           stride_mh, stride_ms, POS, 0)
+                           stride_mh, stride_ms, POS_B, 0)
+

@@ -766,6 +766,12 @@ GLUON_LAUNCH_DEFAULTS = {
 #    (two stages), 1.28x 4bit_nc / 3bit_nc (B = 64, 32K); equal or slower at B = 8 (4K), and for 12,
 #    16, 24 and 48 rows (0.66-0.95x: per-row softmax reductions across 8 lanes cost more than the
 #    saved MMAs).
+#  - k8v4 K+1 >= 5 over > 8 programs on Hopper (WGMMA, SM 9.0 only): the transposed kernel on
+#    warpgroup MMAs for up to WG_ROWS = 48 rows (36 as 32 + 8, 48 as 32 + 16; 49-64 rows would spill),
+#    two stages, no cap, one chunk of MMAs in flight (WG_DEPTH 1): 1.06-1.09x over the mma.sync
+#    kernels at 24/4 (B = 64 32K, B = 32 4K), 1.11-1.13x at 16/2 B = 64, 1.22x at 24/4 B = 8 4K; at
+#    K+1 = 4 (24 / 32 rows) it is 0.94-0.98x, MSE presets at K+1 = 6 1.00-1.03x: off there (log Q1, Q2).
+_K5_WGMMA = {"WGMMA": True, "WG_ROWS": 48, "WG_DEPTH": 1}
 _MSE_RULES = [
     {"k1": (1, None), "programs": (1, 8), "set": {"maxnreg": None}},
     {"k1": (1, 1), "programs": (128, None), "set": {"maxnreg": 128}},
@@ -776,8 +782,9 @@ GLUON_SHAPE_RULES = {
     "turboquant_k8v4": [
         {"k1": (1, None), "programs": (1, 8), "set": {"num_stages": 2, "maxnreg": None}},
         {"k1": (5, None), "programs": (256, None),
-         "set": {"MAX_BLOCK_M": 64, "num_stages": 2, "maxnreg": None, "TRANSPOSED_ROWS": 40}},
-        {"k1": (5, None), "programs": (1, None), "set": {"MAX_BLOCK_M": 64, "num_stages": 2, "maxnreg": None}},
+         "set": {"MAX_BLOCK_M": 64, "num_stages": 2, "maxnreg": None, "TRANSPOSED_ROWS": 40, **_K5_WGMMA}},
+        {"k1": (5, None), "programs": (1, None),
+         "set": {"MAX_BLOCK_M": 64, "num_stages": 2, "maxnreg": None, **_K5_WGMMA}},
         {"k1": (1, 1), "programs": (256, None), "set": {"PREFETCH": True, "maxnreg": 80}},
         {"k1": (1, 1), "programs": (9, None), "set": {"PREFETCH": True}},
     ],
@@ -953,7 +960,10 @@ def turboquant_verify_attention(
     max_splits = workspace.max_kv_splits if workspace is not None else DEFAULT_MAX_KV_SPLITS
     v2 = v2_launch_config(preset, b, hk, k1, m_chunks) if kv16 is not None else {}
     # up to TRANSPOSED_ROWS rows per (request, KV head): the transposed Gluon kernel (rows as the MMA's N)
-    trans = gcfg is not None and rows <= min(64, gcfg.get("TRANSPOSED_ROWS", 8))
+    # (on Hopper, WGMMA: up to WG_ROWS rows its warpgroup-MMA form)
+    wg = (gcfg is not None and bool(gcfg.get("WGMMA")) and (BLOCK_N or gcfg["BLOCK_N"]) % 64 == 0
+          and _wgmma_ok(dev))  # (M = the tile's positions: a multiple of 64)
+    trans = gcfg is not None and rows <= min(64, max(gcfg.get("TRANSPOSED_ROWS", 8), gcfg.get("WG_ROWS", 0) if wg else 0))
     if gcfg is not None and gcfg.get("SPLIT_FIT") and not gcfg.get("SPLIT_WAVES"):
         prog_rows = sum(transposed_row_groups(rows)) if trans else block_m
         gcfg = dict(gcfg, num_stages=num_stages or gcfg["num_stages"], BLOCK_N=BLOCK_N or gcfg["BLOCK_N"])
@@ -1023,7 +1033,12 @@ def turboquant_verify_attention(
                       VAL_W=lay.key_packed_size // units, SZ_W=lay.scale_offset // units,
                       STAGES=num_stages or gcfg["num_stages"], **key_args,
                       **({"maxnreg": gcfg["maxnreg"]} if gcfg.get("maxnreg") else {}))
-        if trans:  # every warp along the positions
+        if trans and wg:  # one warpgroup on Hopper MMAs
+            ra, rb = transposed_row_groups(rows)
+            LAST_KERNEL = "gluon_wg_" + ("k8v4" if lay.key_fp8 else "mse")
+            GV._tq_verify_t_gluon[(hk, b, splits)](*args, RA=ra, RB=rb, NW=4, num_warps=4, WG=True,
+                                                   WG_DEPTH=gcfg.get("WG_DEPTH", 1), **common)
+        elif trans:  # every warp along the positions
             ra, rb = transposed_row_groups(rows)
             GV._tq_verify_t_gluon[(hk, b, splits)](*args, RA=ra, RB=rb, NW=gcfg["WM"] * wn, num_warps=gcfg["WM"] * wn,
                                                    **common)
@@ -1202,6 +1217,11 @@ def codebook_bytes(centroids: torch.Tensor) -> torch.Tensor:
     of entries 0..n-1 (four per word, entry i at byte i % 4), then the high bytes."""
     b = centroids.to(torch.float16).contiguous().view(torch.uint8).view(-1, 2)
     return torch.cat([b[:, 0], b[:, 1]]).contiguous().view(torch.int32)
+
+
+def _wgmma_ok(dev: torch.device) -> bool:
+    """Hopper warpgroup MMAs (``_tq_verify_t_gluon`` with WG): SM 9.0 only, not under the interpreter."""
+    return dev.type == "cuda" and not _interpreting() and torch.cuda.get_device_capability(dev) == (9, 0)
 
 
 def _gluon_available() -> bool:
