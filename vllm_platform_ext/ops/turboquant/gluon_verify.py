@@ -17,7 +17,9 @@ workspace, combined by ``_tq_verify_stage2`` with ``SPLIT4``), but every layout 
 
 :func:`_tq_verify_t_gluon` is the same computation transposed (S^T = K Q^T, O^T = V^T P^T): the
 query rows are the tensor cores' N in groups of 8, so plain decode's 6-8 rows per KV head do not
-pay for 16-row tiles; the host picks it up to ``TRANSPOSED_ROWS`` rows.
+pay for 16-row tiles; the host picks it up to ``TRANSPOSED_ROWS`` rows. Its ``WG`` form (SM 9.0)
+runs the same steps on asynchronous Hopper warpgroup MMAs (query and softmax weights as their
+shared-memory operands); the host picks it by shape rule (``WGMMA``, up to ``WG_ROWS`` rows).
 
 MSE presets: slots (262/230/198 bytes) are only 2-byte aligned, so their tiles go global ->
 registers by 16-bit loads and are written to shared memory as index words, 3-bit groups widened

@@ -959,11 +959,12 @@ def turboquant_verify_attention(
     m_chunks = triton.cdiv(rows, block_m)
     max_splits = workspace.max_kv_splits if workspace is not None else DEFAULT_MAX_KV_SPLITS
     v2 = v2_launch_config(preset, b, hk, k1, m_chunks) if kv16 is not None else {}
-    # up to TRANSPOSED_ROWS rows per (request, KV head): the transposed Gluon kernel (rows as the MMA's N)
-    # (on Hopper, WGMMA: up to WG_ROWS rows its warpgroup-MMA form)
+    # up to TRANSPOSED_ROWS rows per (request, KV head): the transposed Gluon kernel (rows as the MMA's N);
+    # on Hopper with WGMMA, up to WG_ROWS rows its warpgroup-MMA form (M = the tile's positions: a multiple of 64)
     wg = (gcfg is not None and bool(gcfg.get("WGMMA")) and (BLOCK_N or gcfg["BLOCK_N"]) % 64 == 0
-          and _wgmma_ok(dev))  # (M = the tile's positions: a multiple of 64)
-    trans = gcfg is not None and rows <= min(64, max(gcfg.get("TRANSPOSED_ROWS", 8), gcfg.get("WG_ROWS", 0) if wg else 0))
+          and _wgmma_ok(dev))
+    trans_rows = max(gcfg.get("TRANSPOSED_ROWS", 8), gcfg.get("WG_ROWS", 0) if wg else 0) if gcfg is not None else 0
+    trans = gcfg is not None and rows <= min(64, trans_rows)
     if gcfg is not None and gcfg.get("SPLIT_FIT") and not gcfg.get("SPLIT_WAVES"):
         prog_rows = sum(transposed_row_groups(rows)) if trans else block_m
         gcfg = dict(gcfg, num_stages=num_stages or gcfg["num_stages"], BLOCK_N=BLOCK_N or gcfg["BLOCK_N"])
@@ -1010,7 +1011,8 @@ def turboquant_verify_attention(
     if gcfg is not None:  # (only set with the word views)
         from vllm_platform_ext.ops.turboquant import gluon_verify as GV
 
-        LAST_KERNEL = ("gluon_t_" if trans else "gluon_") + ("k8v4" if lay.key_fp8 else "mse")
+        LAST_KERNEL = ("gluon_wg_" if trans and wg else "gluon_t_" if trans else "gluon_") + (
+            "k8v4" if lay.key_fp8 else "mse")
         # the kernels read the query as it is: scaled by softmax scale * log2(e) (keys decoded exactly),
         # converted to fp16 and put in the key decodes' head-dim order (gluon_query_order) in-kernel
         wm = min(gcfg["WM"], block_m // 16)  # warps along the rows (16 each) x along the positions
@@ -1033,15 +1035,11 @@ def turboquant_verify_attention(
                       VAL_W=lay.key_packed_size // units, SZ_W=lay.scale_offset // units,
                       STAGES=num_stages or gcfg["num_stages"], **key_args,
                       **({"maxnreg": gcfg["maxnreg"]} if gcfg.get("maxnreg") else {}))
-        if trans and wg:  # one warpgroup on Hopper MMAs
+        if trans:  # every warp along the positions (WG: one warpgroup on Hopper MMAs)
             ra, rb = transposed_row_groups(rows)
-            LAST_KERNEL = "gluon_wg_" + ("k8v4" if lay.key_fp8 else "mse")
-            GV._tq_verify_t_gluon[(hk, b, splits)](*args, RA=ra, RB=rb, NW=4, num_warps=4, WG=True,
-                                                   WG_DEPTH=gcfg.get("WG_DEPTH", 1), **common)
-        elif trans:  # every warp along the positions
-            ra, rb = transposed_row_groups(rows)
-            GV._tq_verify_t_gluon[(hk, b, splits)](*args, RA=ra, RB=rb, NW=gcfg["WM"] * wn, num_warps=gcfg["WM"] * wn,
-                                                   **common)
+            nw = 4 if wg else gcfg["WM"] * wn
+            wg_args = dict(WG=True, WG_DEPTH=gcfg.get("WG_DEPTH", 1)) if wg else {}
+            GV._tq_verify_t_gluon[(hk, b, splits)](*args, RA=ra, RB=rb, NW=nw, num_warps=nw, **wg_args, **common)
         else:
             GV._tq_verify_gluon[(hk * m_chunks, b, splits)](*args, BLOCK_M=block_m, M_CHUNKS=m_chunks, WM=wm, WN=wn,
                                                             num_warps=wm * wn, **common)
@@ -1153,8 +1151,11 @@ def describe_kernels() -> list[tuple[str, str, str]]:
             why = "no hardware fp8 conversion" if fp8 else "no mma.sync / ldmatrix"
             rows.append((preset, "v2", f"SM {cap[0]}.{cap[1]} < {need[0]}.{need[1]}: {why}"))
         else:
+            wg = cap == (9, 0) and any(r["set"].get("WGMMA") for r in GLUON_SHAPE_RULES.get(preset, ()))
             rows.append((preset, name, f"Gluon, SM {cap[0]}.{cap[1]}; <= 8 query rows per KV head (and 33-40 "
                                        "over >= 256 programs): transposed (gluon_t)"
+                                       + ("; by shape rule (WGMMA): transposed on warpgroup MMAs (gluon_wg)"
+                                          if wg else "")
                                        + ("; e4b15 keys or 2-byte-aligned slots: v2" if fp8 else "")))
     return rows
 
