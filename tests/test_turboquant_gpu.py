@@ -298,19 +298,22 @@ def test_gluon_wgmma_matches_reference(preset, heads, k1, extra):
 
 
 @pytest.mark.parametrize("heads,num_reqs", [((24, 4), 8), ((24, 4), 64), ((16, 2), 8), ((16, 2), 64)])
-def test_k8v4_wgmma_rule_matches_reference(heads, num_reqs):
-    """What ships for k8v4 at K+1 = 6 over > 8 programs (GLUON_SHAPE_RULES: on Hopper the
-    warpgroup-MMA transposed kernel, 36 rows as 32 + 8, 48 as 32 + 16, two stages): bf16 queries,
-    vLLM's page layout, ragged lengths, against the float64 reference."""
+@pytest.mark.parametrize("k1", [3, 4, 6])
+def test_k8v4_wgmma_rule_matches_reference(heads, num_reqs, k1):
+    """What ships for k8v4 verify batches over > 8 programs (GLUON_SHAPE_RULES: on Hopper the
+    warpgroup-MMA transposed kernel up to WG_ROWS rows: K+1 = 3-4 as 16 + 8 rows, one stage, 168
+    registers; K+1 = 6, 36 rows as 32 + 8, 48 as 32 + 16, two stages; 32 rows at K+1 = 4 (16/2
+    heads) the row-major kernel): bf16 queries, vLLM's page layout, ragged lengths, against the
+    float64 reference."""
     _need_cuda()
     hq, hk = heads
-    k1 = 6
-    cfg = TV.gluon_launch_config("turboquant_k8v4", num_reqs, hk, k1, -(-k1 * hq // hk // 32))
-    assert cfg["WGMMA"] and cfg["WG_ROWS"] >= k1 * hq // hk, "the shape rule did not fire"
+    rows = k1 * hq // hk
+    cfg = TV.gluon_launch_config("turboquant_k8v4", num_reqs, hk, k1, -(-rows // 32))
+    assert cfg["WGMMA"], "the shape rule did not fire"
     lens = [k1 + (37 + 397 * i) % 5000 for i in range(num_reqs)]
     out, ref, _ = run_both("turboquant_k8v4", lens, hq, hk, k1, qdtype=torch.bfloat16, layout="vllm")
     if torch.cuda.get_device_capability() == (9, 0):
-        assert TV.LAST_KERNEL == "gluon_wg_k8v4"
+        assert TV.LAST_KERNEL == ("gluon_wg_k8v4" if rows <= cfg["WG_ROWS"] else "gluon_k8v4")
     assert rel_err(out, ref) < 1e-2
 
 
@@ -504,7 +507,7 @@ def _sanitize_sweep() -> None:
     for use_gluon in (True, False):
         TV.USE_GLUON = use_gluon
         # (64, 6): 36 rows on the transposed kernel; (64, 1): plain decode over 256 programs at 80 registers (rules)
-        # (8, 6) / (64, 6): on Hopper the warpgroup-MMA transposed kernel (rules)
+        # (8, 4) / (32, 4) / (8, 6) / (64, 6): on Hopper the warpgroup-MMA transposed kernel (rules)
         for n, k1 in ((32, 1), (8, 4), (32, 4), (64, 6), (8, 6), (64, 1)):
             out, ref, _ = run_both("turboquant_k8v4", [k1 + (37 + 397 * i) % 3000 for i in range(n)], 24, 4, k1,
                                    layout="vllm")

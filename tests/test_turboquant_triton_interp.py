@@ -202,15 +202,18 @@ def test_shape_rules_depend_on_shapes_only():
 
 def test_gluon_rules_and_fallback():
     """GLUON_SHAPE_RULES: one stage with at most 168 registers by default; <= 8 programs (one
-    request) two stages uncapped; K+1 >= 5 one 64-row program, over >= 256 programs up to 40 rows on
-    the transposed kernel; plain decode always on it (8 rows); the MSE presets have their own
+    request) two stages uncapped; K+1 = 3-4 on Hopper's warpgroup MMAs up to 24 rows; K+1 >= 5 one
+    64-row program, over >= 256 programs up to 40 rows on the transposed kernel; plain decode always on it (8 rows); the MSE presets have their own
     one-buffer entries; USE_GLUON = False turns it off; under the interpreter (and where Triton has no Gluon) the v2
     kernel runs, so the CPU interpreter tests above exercise v2 for every preset."""
     from vllm_platform_ext.ops.turboquant import triton_verify as TV
 
     base = TV.GLUON_LAUNCH_DEFAULTS["turboquant_k8v4"]
     assert (base["num_stages"], base["maxnreg"], base["MAX_BLOCK_M"]) == (1, 168, 32)
-    assert TV.gluon_launch_config("turboquant_k8v4", 64, 4, 4, 1) == base  # 256 programs, K = 3
+    # 256 programs, K = 3: the defaults; on Hopper up to 24 rows on warpgroup MMAs, one stage, 168 registers
+    assert TV.gluon_launch_config("turboquant_k8v4", 64, 4, 4, 1) == {**base, "WGMMA": True, "WG_ROWS": 24,
+                                                                      "WG_DEPTH": 0}
+    assert TV.gluon_launch_config("turboquant_k8v4", 64, 4, 2, 1) == base  # K = 1
     c = TV.gluon_launch_config("turboquant_k8v4", 8, 4, 1, 1)  # 32 programs, K = 0: block table ahead
     assert c == {**base, "PREFETCH": True}
     c = TV.gluon_launch_config("turboquant_k8v4", 1, 4, 4, 1)  # 4 programs

@@ -16,6 +16,7 @@ import aot_sass as A  # noqa: E402
 
 from vllm_platform_ext.ops.turboquant import gluon_verify as GV  # noqa: E402
 from vllm_platform_ext.ops.turboquant import layout as L  # noqa: E402
+from vllm_platform_ext.ops.turboquant import triton_verify as TV  # noqa: E402
 
 
 def consts_for(preset="turboquant_k8v4", **over):
@@ -28,6 +29,7 @@ def consts_for(preset="turboquant_k8v4", **over):
              NORM_CORRECTION=lay.norm_correction, PREFETCH=False,
              FOLD=lay.key_bits == 4)
     c.update(over)
+    c.setdefault("LAZY_SUM", c["BLOCK_M"] <= TV.LAZY_SUM_ROWS)  # as the host launches the row-major kernel
     return c
 
 

@@ -771,6 +771,17 @@ GLUON_LAUNCH_DEFAULTS = {
 #    two stages, no cap, one chunk of MMAs in flight (WG_DEPTH 1): 1.06-1.09x over the mma.sync
 #    kernels at 24/4 (B = 64 32K, B = 32 4K), 1.11-1.13x at 16/2 B = 64, 1.22x at 24/4 B = 8 4K; at
 #    K+1 = 4 (24 / 32 rows) it is 0.94-0.98x, MSE presets at K+1 = 6 1.00-1.03x: off there (log Q1, Q2).
+#  - k8v4 K+1 = 3-4 over > 8 programs on Hopper: the warpgroup-MMA form for up to 24 rows (24/4
+#    heads: 16 + 8), one stage, the 168-register cap, no chunk in flight (WG_DEPTH 0): 1.04-1.09x
+#    over the row-major kernel (24/4 B = 64 32K K+1 = 4 1.78 -> 1.64 ms, K+1 = 3 1.09x; B = 8
+#    1.05-1.07x); 32 rows (16/2 heads, K+1 = 4) keep the row-major kernel (0.73-0.87x); K+1 = 2
+#    (12-16 rows) is 1-3% faster on the row-major kernel with LAZY_SUM (log R2).
+#  - LAZY_SUM_ROWS: the softmax row sums are kept per score element and reduced once per program
+#    (no cross-warp reduction per tile: 5 barriers per tile instead of 8) in the transposed kernel
+#    and in row-major programs of up to 16 rows (K+1 = 1-2); 32- and 64-row programs would spill
+#    (0.92-1.01x) and keep the per-tile reduction. Plain decode 1.02-1.05x, K+1 = 2 1.03-1.07x,
+#    K+1 = 6 1.04-1.14x (log R1, R2).
+LAZY_SUM_ROWS = 16
 _K5_WGMMA = {"WGMMA": True, "WG_ROWS": 48, "WG_DEPTH": 1}
 _MSE_RULES = [
     {"k1": (1, None), "programs": (1, 8), "set": {"maxnreg": None}},
@@ -785,6 +796,7 @@ GLUON_SHAPE_RULES = {
          "set": {"MAX_BLOCK_M": 64, "num_stages": 2, "maxnreg": None, "TRANSPOSED_ROWS": 40, **_K5_WGMMA}},
         {"k1": (5, None), "programs": (1, None),
          "set": {"MAX_BLOCK_M": 64, "num_stages": 2, "maxnreg": None, **_K5_WGMMA}},
+        {"k1": (3, 4), "programs": (9, None), "set": {"WGMMA": True, "WG_ROWS": 24, "WG_DEPTH": 0}},
         {"k1": (1, 1), "programs": (256, None), "set": {"PREFETCH": True, "maxnreg": 80}},
         {"k1": (1, 1), "programs": (9, None), "set": {"PREFETCH": True}},
     ],
@@ -1041,8 +1053,10 @@ def turboquant_verify_attention(
             wg_args = dict(WG=True, WG_DEPTH=gcfg.get("WG_DEPTH", 1)) if wg else {}
             GV._tq_verify_t_gluon[(hk, b, splits)](*args, RA=ra, RB=rb, NW=nw, num_warps=nw, **wg_args, **common)
         else:
+            # row sums kept per score element up to LAZY_SUM_ROWS rows (the transposed kernel always)
+            lazy = bool(gcfg.get("LAZY_SUM", block_m <= LAZY_SUM_ROWS))
             GV._tq_verify_gluon[(hk * m_chunks, b, splits)](*args, BLOCK_M=block_m, M_CHUNKS=m_chunks, WM=wm, WN=wn,
-                                                            num_warps=wm * wn, **common)
+                                                            LAZY_SUM=lazy, num_warps=wm * wn, **common)
     elif kv16 is not None:
         LAST_KERNEL = "v2"
         _tq_verify_v2[(hk * m_chunks, b, splits)](
