@@ -16,7 +16,6 @@ import aot_sass as A  # noqa: E402
 
 from vllm_platform_ext.ops.turboquant import gluon_verify as GV  # noqa: E402
 from vllm_platform_ext.ops.turboquant import layout as L  # noqa: E402
-from vllm_platform_ext.ops.turboquant import triton_verify as TV  # noqa: E402
 
 
 def consts_for(preset="turboquant_k8v4", **over):
@@ -29,7 +28,6 @@ def consts_for(preset="turboquant_k8v4", **over):
              NORM_CORRECTION=lay.norm_correction, PREFETCH=False,
              FOLD=lay.key_bits == 4)
     c.update(over)
-    c.setdefault("LAZY_SUM", c["BLOCK_M"] <= TV.LAZY_SUM_ROWS)  # as the host launches the row-major kernel
     return c
 
 

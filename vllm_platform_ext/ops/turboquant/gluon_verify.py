@@ -14,8 +14,8 @@ workspace, combined by ``_tq_verify_stage2`` with ``SPLIT4``), but every layout 
   warp holds the whole query in registers and the host launches no query kernels;
 * softmax weights go through a small shared tile to the second product;
 * the rows' running maxima cross the warps once per tile; their sums (of the weights and of the
-  zero points) can be kept per score element and reduced once per program (``LAZY_SUM``: always
-  in the transposed kernel, in row-major programs of up to 16 rows, where the registers allow);
+  zero points) are kept per score element (folded over the positions a thread holds) and reduced
+  over the positions once per program;
 * warps split both the rows and the tile's positions (``WM x WN``).
 
 :func:`_tq_verify_t_gluon` is the same computation transposed (S^T = K Q^T, O^T = V^T P^T): the
@@ -266,17 +266,30 @@ if AVAILABLE:
             return buf._reinterpret(gl.int16, [BLOCK_N, 64], layout)
 
     @gluon.jit
-    def _row_state(R: gl.constexpr, L: gl.constexpr, SUM_SHAPE: gl.constexpr, SUM_L: gl.constexpr,
-                   LAZY_SUM: gl.constexpr):
-        """Online-softmax state of R rows (layout L): running max, sum, zero-point sum, value scale.
-        LAZY_SUM: the two sums are kept per score element (shape SUM_SHAPE, the score tile's layout
-        SUM_L) and reduced over the positions once, when the partial is stored."""
-        if LAZY_SUM:
-            l0 = gl.zeros(SUM_SHAPE, gl.float32, layout=SUM_L)
-            r0 = gl.zeros(SUM_SHAPE, gl.float32, layout=SUM_L)
+    def _fold_positions(x, POS_AXIS: gl.constexpr):
+        """x [M, N] (an MMA accumulator layout, positions along POS_AXIS) summed over the position
+        bits that stay in one thread's registers, so a per-element running sum needs fewer registers
+        (any other split would only cost shuffles; the sum is the same): row-major S (positions
+        along N, mma.sync 16 x 8 tiles): the column pair of a register pair and the tile's upper
+        half of positions; transposed S^T (positions along M): rows g and g + 8 of each 16-row tile."""
+        M: gl.constexpr = x.shape[0]
+        N: gl.constexpr = x.shape[1]
+        if POS_AXIS == 1:
+            y = gl.sum(gl.reshape(x, [M, N // 2, 2]), axis=2)
+            y = gl.sum(gl.reshape(y, [M, 2, N // 4]), axis=1)
         else:
-            l0 = gl.zeros([R], gl.float32, layout=L)
-            r0 = gl.zeros([R], gl.float32, layout=L)
+            y = gl.reshape(gl.sum(gl.reshape(x, [M // 16, 2, 8, N]), axis=1), [M // 2, N])
+        return y
+
+    @gluon.jit
+    def _row_state(R: gl.constexpr, L: gl.constexpr, SUM_SHAPE: gl.constexpr, SUM_L: gl.constexpr,
+                   POS_AXIS: gl.constexpr):
+        """Online-softmax state of R rows (layout L): running max, sum, zero-point sum, value scale.
+        The two sums are kept per score element of a tile (shape SUM_SHAPE, layout SUM_L, positions
+        along POS_AXIS, folded by ``_fold_positions``) and reduced over the positions once, when
+        the partial is stored: no cross-warp reduction for them per tile."""
+        l0 = _fold_positions(gl.zeros(SUM_SHAPE, gl.float32, layout=SUM_L), POS_AXIS)
+        r0 = _fold_positions(gl.zeros(SUM_SHAPE, gl.float32, layout=SUM_L), POS_AXIS)
         return gl.full([R], float("-inf"), gl.float32, layout=L), l0, r0, gl.full([R], 1.0, gl.float32, layout=L)
 
     @gluon.jit
@@ -286,8 +299,7 @@ if AVAILABLE:
                 gl.zeros([M, N], gl.float32, layout=L), gl.zeros([M, N], gl.float32, layout=L))
 
     @gluon.jit
-    def _softmax_tile(s, visible, v_scale, v_zero, m_i, l_i, r_i, c_i, HALF: gl.constexpr, POS_AXIS: gl.constexpr,
-                      LAZY_SUM: gl.constexpr = False):
+    def _softmax_tile(s, visible, v_scale, v_zero, m_i, l_i, r_i, c_i, HALF: gl.constexpr, POS_AXIS: gl.constexpr):
         """Online softmax of one tile's scores (positions along POS_AXIS: 1 for the row-major kernel's
         S, 0 for the transposed kernel's S^T) -> fp16 weights (times the value scale over the tile's
         largest), the updated row state and the accumulators' rescale factor per row."""
@@ -301,29 +313,25 @@ if AVAILABLE:
         p = gl.exp2(s - gl.expand_dims(m_use, POS_AXIS))
         s_max = gl.maximum(gl.max(v_row, axis=0), 6e-8)  # (the rows are within each warp)
         w16 = (p * gl.expand_dims(v_scale / s_max, 1 - POS_AXIS)).to(gl.float16)
-        # the row sums: sum p, and the zero points + centring offset (HALF per index)
-        if LAZY_SUM:  # per score element: no cross-warp reduction per tile (_store_partial reduces them)
-            a2 = gl.expand_dims(alpha, POS_AXIS)
-            l_new = l_i * a2 + p
-            r_new = r_i * a2 + (p * gl.expand_dims(v_zero, 1 - POS_AXIS) + (HALF * s_max) * w16.to(gl.float32))
-            f = alpha * (c_i / s_max)  # (f in each branch: the per-tile path keeps session 8's op order)
-        else:  # one reduction for both
-            lsum, rsum = gl.reduce((p, p * gl.expand_dims(v_zero, 1 - POS_AXIS) + (HALF * s_max) * w16.to(gl.float32)),
-                                   POS_AXIS, _add2)
-            f = alpha * (c_i / s_max)
-            l_new = l_i * alpha + lsum
-            r_new = r_i * alpha + rsum
+        # the row sums per (folded) score element: sum p, and the zero points + centring offset (HALF
+        # per index); _store_partial reduces them over the positions
+        pf = _fold_positions(p, POS_AXIS)
+        a2 = gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(POS_AXIS, pf.type.layout)), POS_AXIS)
+        l_new = l_i * a2 + pf
+        r_new = r_i * a2 + _fold_positions(p * gl.expand_dims(v_zero, 1 - POS_AXIS)
+                                           + (HALF * s_max) * w16.to(gl.float32), POS_AXIS)
+        f = alpha * (c_i / s_max)
         return w16, m_new, l_new, r_new, gl.full_like(c_i, 1.0) * s_max, f
 
     @gluon.jit
     def _store_partial(MID, acc0, acc1, acc2, acc3, m_i, l_i, r_i, c_i, rows, b, kvh, sid, K1, G: gl.constexpr,
-                       stride_mr, stride_mh, stride_ms, JL: gl.constexpr, POS_AXIS: gl.constexpr,
-                       LAZY_SUM: gl.constexpr = False):
+                       stride_mr, stride_mh, stride_ms, JL: gl.constexpr, POS_AXIS: gl.constexpr):
         """One program's (or row group's) split-KV partial: sub-tiles e of the output (head dim along
-        POS_AXIS, index layout JL) at columns e*64 + j, and the rows' log2-sum-exp (LAZY_SUM: the
-        row sums reduced over the positions here)."""
-        if LAZY_SUM:
-            l_i, r_i = gl.reduce((l_i, r_i), POS_AXIS, _add2)
+        POS_AXIS, index layout JL) at columns e*64 + j, and the rows' log2-sum-exp (the row sums,
+        kept per score element, reduced over the positions here)."""
+        l_i, r_i = gl.reduce((l_i, r_i), POS_AXIS, _add2)
+        l_i = gl.convert_layout(l_i, m_i.type.layout)
+        r_i = gl.convert_layout(r_i, m_i.type.layout)
         has = l_i > 0.0
         inv = 1.0 / gl.where(has, l_i, 1.0)
         ci = gl.expand_dims(c_i * inv, POS_AXIS)
@@ -370,7 +378,6 @@ if AVAILABLE:
         WM: gl.constexpr, WN: gl.constexpr, STAGES: gl.constexpr,
         KEY_BITS: gl.constexpr = 8, VAL_BITS: gl.constexpr = 4, NORM_W: gl.constexpr = 0,
         NORM_CORRECTION: gl.constexpr = False, PREFETCH: gl.constexpr = False, FOLD: gl.constexpr = False,
-        LAZY_SUM: gl.constexpr = False,
     ):
         """KEY_BITS 8: fp8 (e4nv) keys, KV an int32 view, tiles staged by cp.async (STAGES deep;
         PREFETCH: block-table entries read one issue ahead); field offsets VAL_W / SZ_W in words. KEY_BITS 3/4: MSE keys (centroid indices, codebook
@@ -428,7 +435,7 @@ if AVAILABLE:
 
         rows = mc * BLOCK_M + gl.arange(0, BLOCK_M, layout=ROW)
         lim = seq_len - K1 + 1 + rows // G
-        m_i, l_i, r_i, c_i = _row_state(BLOCK_M, ROW, [BLOCK_M, BLOCK_N], mma, LAZY_SUM)
+        m_i, l_i, r_i, c_i = _row_state(BLOCK_M, ROW, [BLOCK_M, BLOCK_N], mma, 1)
         acc0, acc1, acc2, acc3 = _acc_zeros(BLOCK_M, D4, mma)
 
         for it in range(0, n_tiles):
@@ -475,8 +482,7 @@ if AVAILABLE:
             sz = sz_smem.index(st).load(COL)
             v_scale = (sz & 0xFFFF).to(gl.int16).to(gl.float16, bitcast=True).to(gl.float32)
             v_zero = (sz >> 16).to(gl.int16).to(gl.float16, bitcast=True).to(gl.float32)
-            w16, m_i, l_i, r_i, c_i, f = _softmax_tile(s, visible, v_scale, v_zero, m_i, l_i, r_i, c_i, HALF, 1,
-                                                       LAZY_SUM)
+            w16, m_i, l_i, r_i, c_i, f = _softmax_tile(s, visible, v_scale, v_zero, m_i, l_i, r_i, c_i, HALF, 1)
             f = f[:, None]
             acc0 = acc0 * f
             acc1 = acc1 * f
@@ -498,7 +504,7 @@ if AVAILABLE:
             cp.wait_group(0)
 
         _store_partial(MID, acc0, acc1, acc2, acc3, m_i, l_i, r_i, c_i, rows, b, kvh, sid, K1, G, stride_mr, stride_mh,
-                       stride_ms, COL, 1, LAZY_SUM)
+                       stride_ms, COL, 1)
 
     @gluon.constexpr_function
     def _t_mma_layout(WG, NW, R):
@@ -636,12 +642,12 @@ if AVAILABLE:
 
         rows_a = gl.arange(0, RA, layout=QR)
         lim_a = seq_len - K1 + 1 + rows_a // G
-        m_a, l_a, r_a, c_a = _row_state(RA, QR, [BLOCK_N, RA], mma, True)  # (row sums per element)
+        m_a, l_a, r_a, c_a = _row_state(RA, QR, [BLOCK_N, RA], mma, 0)
         a0, a1, a2, a3 = _acc_zeros(D4, RA, mma)  # O^T: value head dim x rows, sub-tile e
         if RB > 0:
             rows_b = RA + gl.arange(0, RB, layout=QR_B)
             lim_b = seq_len - K1 + 1 + rows_b // G
-            m_b, l_b, r_b, c_b = _row_state(RB, QR_B, [BLOCK_N, RB], mma_b, True)
+            m_b, l_b, r_b, c_b = _row_state(RB, QR_B, [BLOCK_N, RB], mma_b, 0)
             b0, b1, b2, b3 = _acc_zeros(D4, RB, mma_b)
 
         for it in range(0, n_tiles):
@@ -693,7 +699,7 @@ if AVAILABLE:
             v_scale = (sz & 0xFFFF).to(gl.int16).to(gl.float16, bitcast=True).to(gl.float32)
             v_zero = (sz >> 16).to(gl.int16).to(gl.float16, bitcast=True).to(gl.float32)
             wa, m_a, l_a, r_a, c_a, fa = _softmax_tile(sa, (n < end)[:, None] & (n[:, None] < lim_a[None, :]), v_scale,
-                                                       v_zero, m_a, l_a, r_a, c_a, HALF, 0, True)
+                                                       v_zero, m_a, l_a, r_a, c_a, HALF, 0)
             a0 = a0 * fa[None, :]
             a1 = a1 * fa[None, :]
             a2 = a2 * fa[None, :]
@@ -704,7 +710,7 @@ if AVAILABLE:
                 wb, m_b, l_b, r_b, c_b, fb = _softmax_tile(sb, (nb < end)[:, None] & (nb[:, None] < lim_b[None, :]),
                                                            gl.convert_layout(v_scale, POS_B),
                                                            gl.convert_layout(v_zero, POS_B), m_b, l_b, r_b, c_b, HALF,
-                                                           0, True)
+                                                           0)
                 b0 = b0 * fb[None, :]
                 b1 = b1 * fb[None, :]
                 b2 = b2 * fb[None, :]
@@ -738,8 +744,8 @@ if AVAILABLE:
             cp.wait_group(0)
 
         _store_partial(MID, a0, a1, a2, a3, m_a, l_a, r_a, c_a, rows_a, b, kvh, sid, K1, G, stride_mr, stride_mh,
-                       stride_ms, POS, 0, True)
+                       stride_ms, POS, 0)
         if RB > 0:
             _store_partial(MID, b0, b1, b2, b3, m_b, l_b, r_b, c_b, rows_b, b, kvh, sid, K1, G, stride_mr,
-                           stride_mh, stride_ms, POS_B, 0, True)
+                           stride_mh, stride_ms, POS_B, 0)
 

@@ -775,13 +775,7 @@ GLUON_LAUNCH_DEFAULTS = {
 #    heads: 16 + 8), one stage, the 168-register cap, no chunk in flight (WG_DEPTH 0): 1.04-1.09x
 #    over the row-major kernel (24/4 B = 64 32K K+1 = 4 1.78 -> 1.64 ms, K+1 = 3 1.09x; B = 8
 #    1.05-1.07x); 32 rows (16/2 heads, K+1 = 4) keep the row-major kernel (0.73-0.87x); K+1 = 2
-#    (12-16 rows) is 1-3% faster on the row-major kernel with LAZY_SUM (log R2).
-#  - LAZY_SUM_ROWS: the softmax row sums are kept per score element and reduced once per program
-#    (no cross-warp reduction per tile: 5 barriers per tile instead of 8) in the transposed kernel
-#    and in row-major programs of up to 16 rows (K+1 = 1-2); 32- and 64-row programs would spill
-#    (0.92-1.01x) and keep the per-tile reduction. Plain decode 1.02-1.05x, K+1 = 2 1.03-1.07x,
-#    K+1 = 6 1.04-1.14x (log R1, R2).
-LAZY_SUM_ROWS = 16
+#    (12-16 rows) is 1-3% faster on the row-major kernel (log R2).
 _K5_WGMMA = {"WGMMA": True, "WG_ROWS": 48, "WG_DEPTH": 1}
 _MSE_RULES = [
     {"k1": (1, None), "programs": (1, 8), "set": {"maxnreg": None}},
@@ -1053,10 +1047,8 @@ def turboquant_verify_attention(
             wg_args = dict(WG=True, WG_DEPTH=gcfg.get("WG_DEPTH", 1)) if wg else {}
             GV._tq_verify_t_gluon[(hk, b, splits)](*args, RA=ra, RB=rb, NW=nw, num_warps=nw, **wg_args, **common)
         else:
-            # row sums kept per score element up to LAZY_SUM_ROWS rows (the transposed kernel always)
-            lazy = bool(gcfg.get("LAZY_SUM", block_m <= LAZY_SUM_ROWS))
             GV._tq_verify_gluon[(hk * m_chunks, b, splits)](*args, BLOCK_M=block_m, M_CHUNKS=m_chunks, WM=wm, WN=wn,
-                                                            LAZY_SUM=lazy, num_warps=wm * wn, **common)
+                                                            num_warps=wm * wn, **common)
     elif kv16 is not None:
         LAST_KERNEL = "v2"
         _tq_verify_v2[(hk * m_chunks, b, splits)](
