@@ -958,7 +958,8 @@ def turboquant_verify_attention(
     gcfg = None
     if kv16 is not None and gluon is not False and _gluon_usable(lay, kv32, bool(fp8_e4b15), dev, d):
         gcfg = gluon_launch_config(preset, b, hk, k1, triton.cdiv(rows, min(cfg["BLOCK_M"], 32)))
-        if gcfg is not None:
+        if gcfg is not None:  # (a fresh dict:) the caller's tile and stage overrides, resolved once
+            gcfg.update(BLOCK_N=BLOCK_N or gcfg["BLOCK_N"], num_stages=num_stages or gcfg["num_stages"])
             max_block_m = gcfg.get("MAX_BLOCK_M", max_block_m)
     block_m = BLOCK_M or min(cfg["BLOCK_M"], max_block_m)
     block_n = BLOCK_N or cfg["BLOCK_N"]
@@ -967,13 +968,12 @@ def turboquant_verify_attention(
     v2 = v2_launch_config(preset, b, hk, k1, m_chunks) if kv16 is not None else {}
     # up to TRANSPOSED_ROWS rows per (request, KV head): the transposed Gluon kernel (rows as the MMA's N);
     # on Hopper with WGMMA, up to WG_ROWS rows its warpgroup-MMA form (M = the tile's positions: a multiple of 64)
-    wg = (gcfg is not None and bool(gcfg.get("WGMMA")) and (BLOCK_N or gcfg["BLOCK_N"]) % 64 == 0
+    wg = (gcfg is not None and bool(gcfg.get("WGMMA")) and gcfg["BLOCK_N"] % 64 == 0
           and _wgmma_ok(dev))
     trans_rows = max(gcfg.get("TRANSPOSED_ROWS", 8), gcfg.get("WG_ROWS", 0) if wg else 0) if gcfg is not None else 0
     trans = gcfg is not None and rows <= min(64, trans_rows)
     if gcfg is not None and gcfg.get("SPLIT_FIT") and not gcfg.get("SPLIT_WAVES"):
         prog_rows = sum(transposed_row_groups(rows)) if trans else block_m
-        gcfg = dict(gcfg, num_stages=num_stages or gcfg["num_stages"], BLOCK_N=BLOCK_N or gcfg["BLOCK_N"])
         ctas = gluon_ctas_per_sm(gcfg, prog_rows, lay.key_fp8)
         splits = num_kv_splits or gluon_num_kv_splits(b * hk * (1 if trans else m_chunks), dev, max_splits, ctas)
     elif kv16 is not None:
@@ -1037,9 +1037,9 @@ def turboquant_verify_attention(
                 block_table.stride(0),
                 mid.stride(0), mid.stride(1), mid.stride(2),
                 float(scale) * _LOG2E, k1, splits)
-        common = dict(G=hq // hk, PAGE=kv_cache.shape[1], BLOCK_N=BLOCK_N or gcfg["BLOCK_N"],
+        common = dict(G=hq // hk, PAGE=kv_cache.shape[1], BLOCK_N=gcfg["BLOCK_N"],
                       VAL_W=lay.key_packed_size // units, SZ_W=lay.scale_offset // units,
-                      STAGES=num_stages or gcfg["num_stages"], **key_args,
+                      STAGES=gcfg["num_stages"], **key_args,
                       **({"maxnreg": gcfg["maxnreg"]} if gcfg.get("maxnreg") else {}))
         if trans:  # every warp along the positions (WG: one warpgroup on Hopper MMAs)
             ra, rb = transposed_row_groups(rows)
