@@ -202,7 +202,8 @@ def test_shape_rules_depend_on_shapes_only():
 
 def test_gluon_rules_and_fallback():
     """GLUON_SHAPE_RULES: one stage with at most 168 registers by default; <= 8 programs (one
-    request) two stages uncapped; K+1 = 3-4 on Hopper's warpgroup MMAs up to 24 rows; K+1 >= 5 one
+    request) two stages uncapped; K+1 = 3-4 on Hopper's warpgroup MMAs up to 24 rows; K+1 = 1-4
+    over > 8 programs read the block-table entries a tile ahead (PREFETCH); K+1 >= 5 one
     64-row program, over >= 256 programs up to 40 rows on the transposed kernel; plain decode always on it (8 rows); the MSE presets have their own
     one-buffer entries; USE_GLUON = False turns it off; under the interpreter (and where Triton has no Gluon) the v2
     kernel runs, so the CPU interpreter tests above exercise v2 for every preset."""
@@ -210,10 +211,15 @@ def test_gluon_rules_and_fallback():
 
     base = TV.GLUON_LAUNCH_DEFAULTS["turboquant_k8v4"]
     assert (base["num_stages"], base["maxnreg"], base["MAX_BLOCK_M"]) == (1, 168, 32)
-    # 256 programs, K = 3: the defaults; on Hopper up to 24 rows on warpgroup MMAs, one stage, 168 registers
+    # 256 programs, K = 3: the defaults; on Hopper up to 24 rows on warpgroup MMAs, one stage, 168 registers,
+    # block-table entries a tile ahead
     assert TV.gluon_launch_config("turboquant_k8v4", 64, 4, 4, 1) == {**base, "WGMMA": True, "WG_ROWS": 24,
-                                                                      "WG_DEPTH": 0}
-    assert TV.gluon_launch_config("turboquant_k8v4", 64, 4, 2, 1) == base  # K = 1
+                                                                      "WG_DEPTH": 0, "PREFETCH": True}
+    assert TV.gluon_launch_config("turboquant_k8v4", 64, 4, 3, 1)["WGMMA"]  # K = 2
+    assert TV.gluon_launch_config("turboquant_k8v4", 64, 4, 2, 1) == {**base, "PREFETCH": True}  # K = 1
+    assert TV.gluon_launch_config("turboquant_k8v4", 2, 4, 2, 1) == {**base, "num_stages": 2, "maxnreg": None}
+    c = TV.gluon_launch_config("turboquant_k8v4", 64, 4, 6, 2)  # K = 5: no block-table prefetch
+    assert not c.get("PREFETCH") and c["WGMMA"]
     c = TV.gluon_launch_config("turboquant_k8v4", 8, 4, 1, 1)  # 32 programs, K = 0: block table ahead
     assert c == {**base, "PREFETCH": True}
     c = TV.gluon_launch_config("turboquant_k8v4", 1, 4, 4, 1)  # 4 programs

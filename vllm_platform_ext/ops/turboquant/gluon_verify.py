@@ -535,10 +535,10 @@ if AVAILABLE:
     @gluon.jit
     def _store_weights(p_smem, w, WG: gl.constexpr):
         """A tile's softmax weights w [positions, rows] -> shared memory: as P [rows, positions]
-        for the warpgroup MMAs (WG; then fenced for their reads), else as they are."""
+        for the warpgroup MMAs (WG; the caller fences both row groups' stores once for their
+        reads), else as they are."""
         if WG:
             p_smem.permute([1, 0]).store(w)
-            _fence_async_shared()
         else:
             p_smem.store(w)
 
@@ -716,6 +716,8 @@ if AVAILABLE:
                 b2 = b2 * fb[None, :]
                 b3 = b3 * fb[None, :]
                 _store_weights(pb_smem, wb, WG)
+            if WG:  # the weight stores (both groups), before the MMAs read them (after the barrier)
+                _fence_async_shared()
             _barrier()
             vh = _as_halfwords(vw_smem.index(st), BLOCK_N, sh_v16)
             for kc in gl.static_range(BLOCK_N // 16):

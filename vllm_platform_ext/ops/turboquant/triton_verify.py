@@ -751,8 +751,11 @@ GLUON_LAUNCH_DEFAULTS = {
 #  - <= 8 programs (one request): two stages, no register cap: 1.08x over the default (B = 1, K = 3);
 #  - K+1 >= 5 (36+ rows): all rows in one 64-row program instead of two 32-row chunks (each chunk
 #    re-reads the tile), two stages: 1.10x at B = 64, 1.20x at B = 8 (32K), equal at B = 8 (4K).
-#  - plain decode (K+1 = 1) over > 8 programs: block-table entries read one issue ahead (PREFETCH):
-#    1.02-1.04x (k8v4 B = 32/64, 24/4 and 16/2); at K = 3 it is 0.99-1.00x, so verify batches keep off.
+#  - k8v4 K+1 = 1-4 over > 8 programs: block-table entries read one issue ahead (PREFETCH): plain decode
+#    1.02-1.04x (B = 32/64, 24/4 and 16/2); K+1 = 2 1.02-1.06x, K+1 = 3-4 on the warpgroup-MMA form
+#    1.03-1.05x (24/4 B = 64 32K K = 3 1.61 -> 1.54 ms; 16/2 K = 3 on the row-major kernel 0.99x, within
+#    spread); K+1 >= 5 0.98-1.00x: off there (log S2, S3; session 6 measured the row-major kernel at
+#    K = 3 0.99-1.00x).
 #  - MSE presets (one shared buffer, so no stage changes): <= 8 programs: no register cap, 1.10x
 #    (3bit_nc B = 1, K = 3, 32K); K+1 >= 5: one 64-row program, no cap, 1.12-1.18x (3bit_nc, 4bit_nc
 #    B = 64 and B = 8 at 32K, k3v4_nc B = 8 at 4K).
@@ -790,9 +793,9 @@ GLUON_SHAPE_RULES = {
          "set": {"MAX_BLOCK_M": 64, "num_stages": 2, "maxnreg": None, "TRANSPOSED_ROWS": 40, **_K5_WGMMA}},
         {"k1": (5, None), "programs": (1, None),
          "set": {"MAX_BLOCK_M": 64, "num_stages": 2, "maxnreg": None, **_K5_WGMMA}},
-        {"k1": (3, 4), "programs": (9, None), "set": {"WGMMA": True, "WG_ROWS": 24, "WG_DEPTH": 0}},
+        {"k1": (3, 4), "programs": (9, None), "set": {"WGMMA": True, "WG_ROWS": 24, "WG_DEPTH": 0, "PREFETCH": True}},
         {"k1": (1, 1), "programs": (256, None), "set": {"PREFETCH": True, "maxnreg": 80}},
-        {"k1": (1, 1), "programs": (9, None), "set": {"PREFETCH": True}},
+        {"k1": (1, 2), "programs": (9, None), "set": {"PREFETCH": True}},
     ],
     "turboquant_4bit_nc": _MSE_RULES,
     "turboquant_k3v4_nc": _MSE_RULES,
