@@ -301,9 +301,9 @@ def test_gluon_wgmma_matches_reference(preset, heads, k1, extra):
 @pytest.mark.parametrize("k1", [3, 4, 6])
 def test_k8v4_wgmma_rule_matches_reference(heads, num_reqs, k1):
     """What ships for k8v4 verify batches over > 8 programs (GLUON_SHAPE_RULES: on Hopper the
-    warpgroup-MMA transposed kernel up to WG_ROWS rows: K+1 = 3-4 as 16 + 8 rows, one stage, 168
-    registers; K+1 = 6, 36 rows as 32 + 8, 48 as 32 + 16, two stages; 32 rows at K+1 = 4 (16/2
-    heads) the row-major kernel): bf16 queries, vLLM's page layout, ragged lengths, against the
+    warpgroup-MMA transposed kernel up to WG_ROWS rows: K+1 = 3-4 as 16 + 8 rows (24/4 heads) or
+    one group of 32 (16/2 heads at K+1 = 4), one stage, 168 registers; K+1 = 6, 36 rows as 32 + 8,
+    48 as 32 + 16, two stages): bf16 queries, vLLM's page layout, ragged lengths, against the
     float64 reference."""
     _need_cuda()
     hq, hk = heads
@@ -513,6 +513,11 @@ def _sanitize_sweep() -> None:
                                    layout="vllm")
             worst = max(worst, rel_err(out, ref))
     TV.USE_GLUON = True
+    # 16/2 heads under the rules: K+1 = 4 is one 32-row group on the warpgroup-MMA form (Hopper)
+    for n in (8, 32):
+        out, ref, _ = run_both("turboquant_k8v4", [4 + (37 + 397 * i) % 3000 for i in range(n)], 16, 2, 4,
+                               layout="vllm")
+        worst = max(worst, rel_err(out, ref))
     # the MSE presets through the Gluon kernel in vLLM's page layout (odd rows start mid-word),
     # shipped settings and the variants the tests cover (prefetch, 64-row programs, BLOCK_N 32/128)
     for preset in ("turboquant_4bit_nc", "turboquant_k3v4_nc", "turboquant_3bit_nc"):

@@ -144,11 +144,12 @@ def test_gluon_transposed_compiles(aot, preset, arch, rows, hmma):
     assert not any(op.startswith(("LDL", "STL")) for op in body), f"{preset}: spills {res}"
 
 
-@pytest.mark.parametrize("rows,k1", [((32, 8), 6), ((32, 16), 6), ((16, 8), 4)])
+@pytest.mark.parametrize("rows,k1", [((32, 8), 6), ((32, 16), 6), ((16, 8), 4), ((32, 0), 4)])
 def test_gluon_wgmma_form_compiles_for_sm90(aot, rows, k1):
     """The transposed kernel's Hopper form as it ships (k8v4 at K+1 >= 5, 36 and 48 rows: two
-    stages, no register cap, WG_DEPTH 1; at K+1 = 4, 24 rows: one stage, 168 registers, WG_DEPTH 0)
-    builds on warpgroup MMAs only: per 64-position tile 16 key + 16 value ``HGMMA`` per row group
+    stages, no register cap, WG_DEPTH 1; at K+1 = 4, 24 rows as 16 + 8 and 32 as one group: one stage,
+    168 registers, WG_DEPTH 0, block-table entries a tile ahead) builds on warpgroup MMAs only: per
+    64-position tile 16 key + 16 value ``HGMMA`` per row group
     and no ``mma.sync``, with their waits, without spilling in the tile loop;
     ``gluon_shared_bytes`` covers its 128-byte-swizzled operand buffers."""
     from vllm_platform_ext.ops.turboquant import gluon_verify as GV
@@ -162,20 +163,24 @@ def test_gluon_wgmma_form_compiles_for_sm90(aot, rows, k1):
     cfg = TV.gluon_launch_config("turboquant_k8v4", 16, 4, k1, 2)
     assert cfg["WGMMA"] and cfg["WG_ROWS"] >= sum(rows)
     k = aot_gluon.compile_gluon(aot_gluon.consts_for("turboquant_k8v4", WG=True, WG_DEPTH=cfg["WG_DEPTH"],
-                                                     STAGES=cfg["num_stages"]), maxnreg=cfg["maxnreg"], rows=rows)
+                                                     STAGES=cfg["num_stages"], PREFETCH=bool(cfg.get("PREFETCH"))),
+                                maxnreg=cfg["maxnreg"], rows=rows)
     ops, sass, res = aot.stats(k)
     body = aot_loop.loop_body(sass)
-    assert sum(op.startswith("HGMMA") for op in body) == 64
+    assert sum(op.startswith("HGMMA") for op in body) == 32 * (1 + (rows[1] > 0))
     assert not any(op.startswith("HMMA") for op in body)
     assert any(op.startswith("WARPGROUP.DEPBAR") for op in body)
-    assert not any(op.startswith(("LDL", "STL")) for op in body), f"spills {res}"
+    # no spill stores; the one 32-row group reloads loop invariants (Triton 3.6, on the GPU machine: 1
+    # per tile, 3.9: 2), the other forms nothing
+    assert not any(op.startswith("STL") for op in body), f"spills {res}"
+    assert sum(op.startswith("LDL") for op in body) <= (2 if rows == (32, 0) else 0), f"reloads {res}"
     est = TV.gluon_shared_bytes(cfg, sum(rows), True)
     assert k.metadata.shared <= est <= k.metadata.shared + 1024, (est, k.metadata.shared)
 
 
 def test_k8v4_wgmma_rules_cover_verify_batches_over_many_programs():
     """The Hopper form is picked by shape: k8v4 verify batches over more than 8 programs, K+1 = 3-4
-    up to 24 rows (24/4 heads; 32 rows, 16/2 heads at K+1 = 4, keep the row-major kernel) and
+    up to 32 rows (24/4 heads: 18 or 24 rows; 16/2 heads: 24 or 32) and
     K+1 >= 5 up to 48 rows; not plain decode or K+1 = 2, not one request (<= 8 programs), not the
     MSE presets."""
     from vllm_platform_ext.ops.turboquant import triton_verify as TV
@@ -187,7 +192,7 @@ def test_k8v4_wgmma_rules_cover_verify_batches_over_many_programs():
 
     assert wg("turboquant_k8v4", 64, 4, 6) and wg("turboquant_k8v4", 8, 4, 6) and wg("turboquant_k8v4", 8, 2, 6, 8)
     assert wg("turboquant_k8v4", 64, 4, 4) and wg("turboquant_k8v4", 8, 4, 3) and not wg("turboquant_k8v4", 64, 4, 2)
-    assert not wg("turboquant_k8v4", 64, 2, 4, 8)  # 32 rows at K+1 = 4
+    assert wg("turboquant_k8v4", 64, 2, 4, 8) and wg("turboquant_k8v4", 8, 2, 3, 8)  # 32 / 24 rows (16/2)
     assert not wg("turboquant_k8v4", 1, 4, 6) and not wg("turboquant_k8v4", 2, 4, 4)  # 4-8 programs
     assert not wg("turboquant_k8v4", 64, 4, 1) and not wg("turboquant_k8v4", 8, 4, 1)
     assert not any(wg(p, 64, 4, k1) for p in ("turboquant_4bit_nc", "turboquant_k3v4_nc", "turboquant_3bit_nc")

@@ -202,7 +202,7 @@ def test_shape_rules_depend_on_shapes_only():
 
 def test_gluon_rules_and_fallback():
     """GLUON_SHAPE_RULES: one stage with at most 168 registers by default; <= 8 programs (one
-    request) two stages uncapped; K+1 = 3-4 on Hopper's warpgroup MMAs up to 24 rows; K+1 = 1-4
+    request) two stages uncapped; K+1 = 3-4 on Hopper's warpgroup MMAs up to 32 rows; K+1 = 1-4
     over > 8 programs read the block-table entries a tile ahead (PREFETCH); K+1 >= 5 one
     64-row program, over >= 256 programs up to 40 rows on the transposed kernel; plain decode always on it (8 rows); the MSE presets have their own
     one-buffer entries; USE_GLUON = False turns it off; under the interpreter (and where Triton has no Gluon) the v2
@@ -211,9 +211,9 @@ def test_gluon_rules_and_fallback():
 
     base = TV.GLUON_LAUNCH_DEFAULTS["turboquant_k8v4"]
     assert (base["num_stages"], base["maxnreg"], base["MAX_BLOCK_M"]) == (1, 168, 32)
-    # 256 programs, K = 3: the defaults; on Hopper up to 24 rows on warpgroup MMAs, one stage, 168 registers,
+    # 256 programs, K = 3: the defaults; on Hopper up to 32 rows on warpgroup MMAs, one stage, 168 registers,
     # block-table entries a tile ahead
-    assert TV.gluon_launch_config("turboquant_k8v4", 64, 4, 4, 1) == {**base, "WGMMA": True, "WG_ROWS": 24,
+    assert TV.gluon_launch_config("turboquant_k8v4", 64, 4, 4, 1) == {**base, "WGMMA": True, "WG_ROWS": 32,
                                                                       "WG_DEPTH": 0, "PREFETCH": True}
     assert TV.gluon_launch_config("turboquant_k8v4", 64, 4, 3, 1)["WGMMA"]  # K = 2
     assert TV.gluon_launch_config("turboquant_k8v4", 64, 4, 2, 1) == {**base, "PREFETCH": True}  # K = 1

@@ -774,11 +774,13 @@ GLUON_LAUNCH_DEFAULTS = {
 #    two stages, no cap, one chunk of MMAs in flight (WG_DEPTH 1): 1.06-1.09x over the mma.sync
 #    kernels at 24/4 (B = 64 32K, B = 32 4K), 1.11-1.13x at 16/2 B = 64, 1.22x at 24/4 B = 8 4K; at
 #    K+1 = 4 (24 / 32 rows) it is 0.94-0.98x, MSE presets at K+1 = 6 1.00-1.03x: off there (log Q1, Q2).
-#  - k8v4 K+1 = 3-4 over > 8 programs on Hopper: the warpgroup-MMA form for up to 24 rows (24/4
-#    heads: 16 + 8), one stage, the 168-register cap, no chunk in flight (WG_DEPTH 0): 1.04-1.09x
-#    over the row-major kernel (24/4 B = 64 32K K+1 = 4 1.78 -> 1.64 ms, K+1 = 3 1.09x; B = 8
-#    1.05-1.07x); 32 rows (16/2 heads, K+1 = 4) keep the row-major kernel (0.73-0.87x); K+1 = 2
-#    (12-16 rows) is 1-3% faster on the row-major kernel (log R2).
+#  - k8v4 K+1 = 3-4 over > 8 programs on Hopper: the warpgroup-MMA form for up to 32 rows (24/4
+#    heads: 16 + 8; 16/2 heads at K+1 = 4: one group of 32), one stage, the 168-register cap, no
+#    chunk in flight (WG_DEPTH 0): 1.04-1.09x over the row-major kernel at 24 rows (24/4 B = 64 32K
+#    K+1 = 4 1.78 -> 1.64 ms, K+1 = 3 1.09x; B = 8 1.05-1.07x; log R2), 1.02-1.09x at 32 rows (16/2
+#    B = 64 32K 0.874 -> 0.801 ms, with PREFETCH; it lost before the row sums were folded, 0.73-0.87x:
+#    log S8); 24 rows as one group of 32 0.94-0.96x; K+1 = 2 (12-16 rows) is 1-3% faster on the
+#    row-major kernel (log R2).
 _K5_WGMMA = {"WGMMA": True, "WG_ROWS": 48, "WG_DEPTH": 1}
 _MSE_RULES = [
     {"k1": (1, None), "programs": (1, 8), "set": {"maxnreg": None}},
@@ -793,7 +795,7 @@ GLUON_SHAPE_RULES = {
          "set": {"MAX_BLOCK_M": 64, "num_stages": 2, "maxnreg": None, "TRANSPOSED_ROWS": 40, **_K5_WGMMA}},
         {"k1": (5, None), "programs": (1, None),
          "set": {"MAX_BLOCK_M": 64, "num_stages": 2, "maxnreg": None, **_K5_WGMMA}},
-        {"k1": (3, 4), "programs": (9, None), "set": {"WGMMA": True, "WG_ROWS": 24, "WG_DEPTH": 0, "PREFETCH": True}},
+        {"k1": (3, 4), "programs": (9, None), "set": {"WGMMA": True, "WG_ROWS": 32, "WG_DEPTH": 0, "PREFETCH": True}},
         {"k1": (1, 1), "programs": (256, None), "set": {"PREFETCH": True, "maxnreg": 80}},
         {"k1": (1, 2), "programs": (9, None), "set": {"PREFETCH": True}},
     ],
