@@ -149,9 +149,9 @@ def test_gluon_wgmma_form_compiles_for_sm90(aot, rows, k1):
     """The transposed kernel's Hopper form as it ships (k8v4 at K+1 >= 5, 36 and 48 rows: two
     stages, no register cap, WG_DEPTH 1; at K+1 = 4, 24 rows as 16 + 8 and 32 as one group: one stage,
     168 registers, WG_DEPTH 0, block-table entries a tile ahead) builds on warpgroup MMAs only: per
-    64-position tile 16 key + 16 value ``HGMMA`` per row group
-    and no ``mma.sync``, with their waits, without spilling in the tile loop;
-    ``gluon_shared_bytes`` covers its 128-byte-swizzled operand buffers."""
+    64-position tile 16 key + 16 value ``HGMMA`` per row group and no ``mma.sync``, with their
+    waits, without spilling in the tile loop; ``gluon_shared_bytes`` covers its 128-byte-swizzled
+    operand buffers."""
     from vllm_platform_ext.ops.turboquant import gluon_verify as GV
     from vllm_platform_ext.ops.turboquant import triton_verify as TV
 
