@@ -753,9 +753,9 @@ GLUON_LAUNCH_DEFAULTS = {
 #    re-reads the tile), two stages: 1.10x at B = 64, 1.20x at B = 8 (32K), equal at B = 8 (4K).
 #  - k8v4 K+1 = 1-4 over > 8 programs: block-table entries read one issue ahead (PREFETCH): plain decode
 #    1.02-1.04x (B = 32/64, 24/4 and 16/2); K+1 = 2 1.02-1.06x, K+1 = 3-4 on the warpgroup-MMA form
-#    1.03-1.05x (24/4 B = 64 32K K = 3 1.61 -> 1.54 ms; 16/2 K = 3 on the row-major kernel 0.99x, within
-#    spread); K+1 >= 5 0.98-1.00x: off there (log S2, S3; session 6 measured the row-major kernel at
-#    K = 3 0.99-1.00x).
+#    1.03-1.05x (24/4 B = 64 32K K = 3 1.61 -> 1.54 ms; 16/2 K+1 = 4, then still on the row-major
+#    kernel, 0.99x, within spread); K+1 >= 5 0.98-1.00x: off there (log S2, S3; session 6 measured the
+#    row-major kernel at K = 3 0.99-1.00x).
 #  - MSE presets (one shared buffer, so no stage changes): <= 8 programs: no register cap, 1.10x
 #    (3bit_nc B = 1, K = 3, 32K); K+1 >= 5: one 64-row program, no cap, 1.12-1.18x (3bit_nc, 4bit_nc
 #    B = 64 and B = 8 at 32K, k3v4_nc B = 8 at 4K).
@@ -772,8 +772,9 @@ GLUON_LAUNCH_DEFAULTS = {
 #  - k8v4 K+1 >= 5 over > 8 programs on Hopper (WGMMA, SM 9.0 only): the transposed kernel on
 #    warpgroup MMAs for up to WG_ROWS = 48 rows (36 as 32 + 8, 48 as 32 + 16; 49-64 rows would spill),
 #    two stages, no cap, one chunk of MMAs in flight (WG_DEPTH 1): 1.06-1.09x over the mma.sync
-#    kernels at 24/4 (B = 64 32K, B = 32 4K), 1.11-1.13x at 16/2 B = 64, 1.22x at 24/4 B = 8 4K; at
-#    K+1 = 4 (24 / 32 rows) it is 0.94-0.98x, MSE presets at K+1 = 6 1.00-1.03x: off there (log Q1, Q2).
+#    kernels at 24/4 (B = 64 32K, B = 32 4K), 1.11-1.13x at 16/2 B = 64, 1.22x at 24/4 B = 8 4K; with
+#    these settings K+1 = 4 (24 / 32 rows) was 0.94-0.98x (it has its own, next), MSE presets at K+1 = 6
+#    1.00-1.03x: off there (log Q1, Q2).
 #  - k8v4 K+1 = 3-4 over > 8 programs on Hopper: the warpgroup-MMA form for up to 32 rows (24/4
 #    heads: 16 + 8; 16/2 heads at K+1 = 4: one group of 32), one stage, the 168-register cap, no
 #    chunk in flight (WG_DEPTH 0): 1.04-1.09x over the row-major kernel at 24 rows (24/4 B = 64 32K
