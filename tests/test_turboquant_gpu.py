@@ -396,6 +396,56 @@ def test_long_context_split_kv_and_fixed_splits_agree():
     assert rel_err(one, ref) < 3e-3 and rel_err(many, ref) < 3e-3
 
 
+@pytest.mark.parametrize("preset", ["turboquant_k8v4", "turboquant_4bit_nc", "turboquant_3bit_nc"])
+@pytest.mark.parametrize("heads,k1", [((16, 2), 1), ((16, 2), 2), ((16, 2), 4), ((16, 2), 6), ((24, 4), 4)])
+def test_single_request_split_plan_matches_reference(preset, heads, k1):
+    """One request with 16/2 heads and <= 32 rows per program: 64 splits of >= min(4, a 32-split's)
+    tiles (triton_verify.gluon_split_plan), the workspace sized as the wiring does (4 requests) and
+    seen with more splits; at 4K + 5 positions 3 tiles (22 splits used), at 20000 5 tiles (63 used).
+    48-row programs (K+1 = 6) and 24/4 heads keep <= 32 splits of one tile minimum."""
+    _need_cuda()
+    hq, hk = heads
+    ws = TV.VerifyWorkspace.allocate(4, k1, hq, D, device="cuda")
+    small = hk == 2 and k1 <= 4
+    for ctx in (4096 + 5, 20000):
+        out, ref, _ = run_both(preset, [ctx], hq, hk, k1, layout="vllm", workspace=ws, seed=ctx)
+        if small:
+            assert TV.LAST_SPLITS == (TV.SMALL_BATCH_MAX_SPLITS, TV.SMALL_BATCH_MIN_TILES), (ctx, TV.LAST_SPLITS)
+        else:
+            assert TV.LAST_SPLITS[0] <= TV.DEFAULT_MAX_KV_SPLITS and TV.LAST_SPLITS[1] == 1, (ctx, TV.LAST_SPLITS)
+        assert rel_err(out, ref) < 3e-3, (ctx, TV.LAST_KERNEL)
+
+
+def test_single_request_graph_replays_long_and_short_lengths():
+    """The single-request split plan under a CUDA graph captured with seq_lens = 1 (16/2 heads,
+    max_num_seqs 1: the workspace's default split dimension holds the 64 splits)."""
+    _need_cuda()
+    preset, hq, hk, k1 = "turboquant_k8v4", 16, 2, 4
+    lay, cent, H = _tables(preset)
+    view, bt_real = make_cache(preset, [20000], hk, seed=9, layout="vllm")
+    ws = TV.VerifyWorkspace.allocate(1, k1, hq, D, device="cuda")
+    q = torch.zeros(k1, hq, D, device="cuda", dtype=torch.bfloat16)
+    sl = torch.ones(1, dtype=torch.int32, device="cuda")
+    bt = torch.zeros_like(bt_real)
+    out = torch.empty(k1, hq, D, device="cuda", dtype=torch.bfloat16)
+    args = dict(preset=preset, scale=D**-0.5, centroids=cent, PiT=H)
+    fn = lambda: TV.turboquant_verify_attention(q, view, bt, sl, k1, **args, workspace=ws, out=out)  # noqa: E731
+    fn()
+    assert TV.LAST_SPLITS == (TV.SMALL_BATCH_MAX_SPLITS, TV.SMALL_BATCH_MIN_TILES)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    for n in (20000, 70, 4101):
+        q.copy_(torch.randn_like(q, dtype=torch.float32).to(q.dtype))
+        sl.fill_(n)
+        bt.copy_(bt_real)
+        graph.replay()
+        torch.cuda.synchronize()
+        ref = R.turboquant_verify_attention_reference(q.float(), view, bt, sl, k1, **args)
+        assert rel_err(out, ref) < 1e-2, n
+
+
 def test_padding_requests_and_short_rows_give_zeros():
     _need_cuda()
     preset = "turboquant_4bit_nc"
@@ -513,6 +563,14 @@ def _sanitize_sweep() -> None:
                                    layout="vllm")
             worst = max(worst, rel_err(out, ref))
     TV.USE_GLUON = True
+    # one request, 16/2 heads: 64 splits of >= min(4, a 32-split's) tiles (transposed, warpgroup-MMA,
+    # row-major MSE kernels)
+    for preset in ("turboquant_k8v4", "turboquant_4bit_nc", "turboquant_3bit_nc"):
+        for k1 in (1, 2, 4):
+            for ctx in (4101, 20000):
+                out, ref, _ = run_both(preset, [ctx + k1], 16, 2, k1, layout="vllm")
+                assert TV.LAST_SPLITS == (TV.SMALL_BATCH_MAX_SPLITS, TV.SMALL_BATCH_MIN_TILES)
+                worst = max(worst, rel_err(out, ref))
     # 16/2 heads under the rules: K+1 = 4 is one 32-row group on the warpgroup-MMA form (Hopper)
     for n in (8, 32):
         out, ref, _ = run_both("turboquant_k8v4", [4 + (37 + 397 * i) % 3000 for i in range(n)], 16, 2, 4,

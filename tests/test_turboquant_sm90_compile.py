@@ -282,3 +282,33 @@ def test_gluon_plain_decode_register_caps_do_not_spill(aot, preset, maxnreg):
     assert sum(op.startswith("HMMA") for op in body) == 32
     assert sum(op.startswith("LDL") for op in body) <= 6 and not any(op.startswith("STL") for op in body), \
         f"{preset}: spills at {maxnreg} registers {res}"
+
+
+@pytest.mark.parametrize("preset,rows,over,maxnreg", [
+    ("turboquant_k8v4", (16, 8), {"WG": True, "WG_DEPTH": 0}, 168),  # K+1 = 4, 24/4 heads
+    ("turboquant_k8v4", (32, 0), {"WG": True, "WG_DEPTH": 0}, 168),  # K+1 = 4, 16/2 heads
+    ("turboquant_k8v4", (8, 0), {}, 80),  # plain decode
+    ("turboquant_4bit_nc", None, {"BLOCK_M": 32}, 168),  # row-major MSE, K+1 = 4
+])
+def test_one_request_split_plan_leaves_the_tile_loop_alone(aot, preset, rows, over, maxnreg):
+    """The one-request split plan (``MIN_TILES`` > 1: ``gluon_verify._split_range_min``) and the
+    empty-split exit change only the code before the tile loop: the loop's instructions are the
+    same length with MIN_TILES 1 and 4, and the same opcodes, integer adds / multiply-adds and register
+    moves counted together (Triton 3.9's ptxas may turn an add into a move there; under 3.6, on the GPU
+    machine, the loops are identical)."""
+    from vllm_platform_ext.ops.turboquant import gluon_verify as GV
+
+    if not GV.AVAILABLE:
+        pytest.skip("this Triton has no Gluon")
+    import aot_gluon  # tools/
+    import aot_loop  # tools/
+
+    if over.get("WG") and not hasattr(GV, "_hopper"):
+        pytest.skip("this Gluon has no Hopper MMAs")
+    bodies = []
+    for min_tiles in (1, 4):
+        consts = aot_gluon.consts_for(preset, PREFETCH=True, MIN_TILES=min_tiles, **over)
+        k = aot_gluon.compile_gluon(consts, maxnreg=maxnreg, rows=rows)
+        ops = (op.split(".")[0] for op in aot_loop.loop_body(aot.stats(k)[1]))
+        bodies.append(sorted("INT" if op in ("IMAD", "IADD3", "VIADD", "LEA", "MOV") else op for op in ops))
+    assert len(bodies[0]) > 500 and bodies[0] == bodies[1]

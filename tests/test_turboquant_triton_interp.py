@@ -6,6 +6,7 @@ argument checking runs in-process (no launch).
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -47,6 +48,8 @@ def _cases():
         ("turboquant_k3v4_nc", 2, 8, "float16", {"num_kv_splits": 1}),
         # 20 splits (the merge's running max over many splits, most of them empty)
         ("turboquant_4bit_nc", 4, 6, "float32", {"num_kv_splits": 20, "BLOCK_N": 16}),
+        # a workspace sized for 3 splits of 8 requests, used with 6 splits by these 4 requests
+        ("turboquant_k8v4", 4, 6, "float32", {"num_kv_splits": 6, "BLOCK_N": 16, "ws_splits": 3}),
     ]
     return out
 
@@ -92,13 +95,17 @@ def _interp_check() -> dict:
         args = dict(preset=preset, scale=d**-0.5, centroids=c, PiT=H)
         launch = dict(launch)
         launch.setdefault("num_kv_splits", 3)
+        if "ws_splits" in launch:
+            ws = TV.VerifyWorkspace.allocate(8, k1, hk * g, d, max_kv_splits=launch.pop("ws_splits"), device="cpu")
+            assert ws.max_kv_splits < launch["num_kv_splits"]
+            launch["workspace"] = ws
         out = TV.turboquant_verify_attention(q, view, bt, sl, k1, **args, **launch)
         ref = R.turboquant_verify_attention_reference(q.float(), view, bt, sl, k1, **args)
         # a wrong causal offset (every row sees one position fewer) must be told apart
         wrong = R.turboquant_verify_attention_reference(q.float(), view, bt, (sl - 1).clamp_min(0), k1, **args)
         den = ref.abs().max().item()
         res.append({
-            "case": [d, preset, k1, g, qd, launch],
+            "case": [d, preset, k1, g, qd, {k: v for k, v in launch.items() if k != "workspace"}],
             "rel_err": float((out.float() - ref).abs().max()) / den,
             "rel_wrong": float((out.float() - wrong).abs().max()) / den,
             "finite": bool(torch.isfinite(out).all()),
@@ -109,11 +116,16 @@ def _interp_check() -> dict:
     return {"results": res}
 
 
-def test_triton_kernel_equals_reference_under_interpreter():
+def _interpreted(flag: str, timeout: int) -> list[dict]:
+    """Runs this file with ``flag`` in a subprocess under TRITON_INTERPRET=1; its JSON results."""
     env = dict(os.environ, TRITON_INTERPRET="1")
-    proc = subprocess.run([sys.executable, HERE, "--interp"], capture_output=True, text=True, env=env, timeout=900)
+    proc = subprocess.run([sys.executable, HERE, flag], capture_output=True, text=True, env=env, timeout=timeout)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    res = json.loads(proc.stdout.strip().splitlines()[-1])["results"]
+    return json.loads(proc.stdout.strip().splitlines()[-1])["results"]
+
+
+def test_triton_kernel_equals_reference_under_interpreter():
+    res = _interpreted("--interp", 900)
     assert len(res) == len(_cases()) + len(_cases_v2())
     for r in res:
         assert r["finite"] and r["dtype_ok"], r
@@ -166,9 +178,81 @@ def test_workspace_is_sized_max_num_seqs_times_k_plus_1(tv):
         # 9 requests x 4 rows = 36 > 32 rows (the max_num_seqs-rows overflow of the upstream routing)
         tv.turboquant_verify_attention(torch.zeros(36, 4, 32), view, torch.zeros(9, 2, dtype=torch.int32),
                                        torch.ones(9, dtype=torch.int32), 4, **kw)
+    # fewer rows may use more splits (the front of the contiguous workspace): 8 rows hold 12, not 13
+    assert tv.workspace_splits(ws.mid, 8, 4, 32) == 12 and tv.workspace_splits(ws.mid, 32, 4, 32) == 3
+    assert tuple(tv._workspace_view(ws.mid, 8, 4, 12, 32).shape) == (8, 4, 12, 33)
+    assert tv._workspace_view(ws.mid, 8, 4, 12, 32).data_ptr() == ws.mid.data_ptr()
     with pytest.raises(ValueError, match="workspace .* too small"):
         tv.turboquant_verify_attention(torch.zeros(8, 4, 32), view, torch.zeros(2, 2, dtype=torch.int32),
-                                       torch.ones(2, dtype=torch.int32), 4, **kw, num_kv_splits=4)
+                                       torch.ones(2, dtype=torch.int32), 4, **kw, num_kv_splits=13)
+    # a strided (non-contiguous) workspace is only used within its own dimensions
+    with pytest.raises(ValueError, match="workspace .* too small"):
+        tv._workspace_view(ws.mid[:, :, :2], 8, 4, 3, 32)
+    # the default split dimension holds one request's SMALL_BATCH_MAX_SPLITS partials
+    assert tv.VerifyWorkspace.allocate(1, 4, 4, 32, device="cpu").max_kv_splits == tv.SMALL_BATCH_MAX_SPLITS
+    assert tv.VerifyWorkspace.allocate(8, 4, 4, 32, device="cpu").max_kv_splits == tv.DEFAULT_MAX_KV_SPLITS
+
+
+def test_small_batch_split_plan_depends_only_on_shapes(tv):
+    """Where programs x DEFAULT_MAX_KV_SPLITS fill at most half the SMs and a program holds <= 32
+    rows (one request, 16/2 heads, K+1 <= 4), SMALL_BATCH_MAX_SPLITS splits of at least
+    min(SMALL_BATCH_MIN_TILES, a 32-split's tiles), bounded by the workspace; otherwise the
+    whole-wave split count with one tile minimum (132 SMs assumed off CUDA)."""
+    dev = torch.device("cpu")
+    big = tv.SMALL_BATCH_MAX_SPLITS * 8
+    small = (tv.SMALL_BATCH_MAX_SPLITS, tv.SMALL_BATCH_MIN_TILES)
+    assert tv.gluon_split_plan(2, dev, 32, 3, big, 32) == small  # 16/2 heads, B = 1, K+1 = 4
+    assert tv.gluon_split_plan(2, dev, 32, 3, big, 8) == small  # plain decode
+    assert tv.gluon_split_plan(2, dev, 32, 3, 40, 8) == (40, tv.SMALL_BATCH_MIN_TILES)  # the workspace holds 40
+    assert tv.gluon_split_plan(2, dev, 32, 3, 32, 8) == (32, 1)  # ... or only the usual 32
+    assert tv.gluon_split_plan(2, dev, 32, 1, big, 48)[1] == 1  # 48-row programs (K+1 = 6): as before
+    for programs in (4, 8, 32, 256, 1024):  # 24/4 heads at B = 1 and every larger batch: as before
+        assert tv.gluon_split_plan(programs, dev, 32, 3, big, 8) == (tv.gluon_num_kv_splits(programs, dev, 32, 3), 1)
+
+
+def test_split_tiles_keep_short_contexts_and_spread_long_ones(tv):
+    """64 splits with the 4-tile minimum: 4K and 8K keep the 32-split lengths (2 and 4 tiles of 64),
+    16K and 32K get 4 and 8 tiles (64 splits used); one tile minimum is the plain whole-tile cut."""
+    for ctx, want in ((4096, 2), (4101, 3), (8192, 4), (16384, 4), (20000, 5), (32768, 8), (0, 0), (1, 1)):
+        assert tv.split_tiles(ctx, 64, 64, 4) == want, ctx
+        if ctx <= 8192:
+            assert tv.split_tiles(ctx, 64, 64, 4) == tv.split_tiles(ctx, 32, 64), ctx
+    assert tv.split_tiles(4096, 64, 64) == 1 and tv.split_tiles(32768, 64, 64) == 8
+
+
+def _stage2_check() -> dict:
+    """Stage 2 alone (interpreter): random partials, some splits empty for a row (log-sum-exp -inf,
+    NaN outputs that must be dropped), a row with every split empty (zeros), split counts that are
+    not powers of two or multiples of the unroll; against the float64 merge."""
+    from vllm_platform_ext.ops.turboquant import triton_verify as TV
+
+    torch.manual_seed(0)
+    res = []
+    for splits in (1, 3, 20, 64):
+        n, hq, d = 3, 2, 32
+        mid = torch.randn(n, hq, splits, d + 1)
+        mid[..., d] *= 3
+        empty = torch.rand(n, hq, splits) < 0.3
+        empty[2] = True  # a row that sees nothing
+        mid[..., d][empty] = float("-inf")
+        mid[..., :d][empty] = float("nan")
+        lse = mid[..., d].double()
+        w = torch.exp2(lse - lse.amax(-1, keepdim=True).nan_to_num(0.0, neginf=0.0))
+        o = torch.where(empty[..., None], 0.0, mid[..., :d].double())
+        want = (w[..., None] * o).sum(2) / w.sum(2, keepdim=True).clamp_min(1e-300)
+        out = torch.empty(n, hq, d)
+        TV._tq_verify_stage2[(n, hq)](mid, out, mid.stride(0), mid.stride(1), mid.stride(2), out.stride(0),
+                                      out.stride(1), splits, D=d, S_POW2=max(1, 1 << (splits - 1).bit_length()))
+        res.append({"splits": splits, "err": float((out.double() - want).abs().max()),
+                    "finite": bool(torch.isfinite(out).all()), "zero_row": float(out[2].abs().max())})
+    return {"results": res}
+
+
+def test_stage2_merges_every_split_and_drops_empty_ones():
+    res = _interpreted("--stage2", 600)
+    assert len(res) == 4
+    for r in res:
+        assert r["finite"] and r["err"] < 1e-5 and r["zero_row"] == 0.0, r
 
 
 def test_default_split_count_depends_only_on_shapes(tv):
@@ -257,6 +341,8 @@ def test_gluon_rules_and_fallback():
 
 if __name__ == "__main__" and "--interp" in sys.argv:
     print(json.dumps(_interp_check()))
+if __name__ == "__main__" and "--stage2" in sys.argv:
+    print(json.dumps(_stage2_check()))
 
 
 

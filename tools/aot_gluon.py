@@ -26,7 +26,7 @@ def consts_for(preset="turboquant_k8v4", **over):
              SZ_W=lay.scale_offset // units, WM=1, WN=4, STAGES=1)
     c.update(KEY_BITS=8 if lay.key_fp8 else lay.key_bits, VAL_BITS=lay.value_bits, NORM_W=lay.mse_bytes // 2,
              NORM_CORRECTION=lay.norm_correction, PREFETCH=False,
-             FOLD=lay.key_bits == 4)
+             FOLD=lay.key_bits == 4, MIN_TILES=1, BASE_SPLITS=32)
     c.update(over)
     return c
 

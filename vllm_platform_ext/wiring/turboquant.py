@@ -47,13 +47,13 @@ def verify_width(common_attn_metadata: Any, num_spec_tokens: int) -> int:
 
 
 def _workspace(impl: Any, device: torch.device):
-    from vllm_platform_ext.ops.turboquant.triton_verify import DEFAULT_MAX_KV_SPLITS, VerifyWorkspace
+    from vllm_platform_ext.ops.turboquant.triton_verify import VerifyWorkspace
 
     key = (str(device), impl._pe_ws_rows, impl.num_heads, impl.head_size)
     ws = _WORKSPACES.get(key)
     if ws is None:
         ws = VerifyWorkspace.allocate(impl._pe_max_num_seqs, impl._pe_num_spec + 1, impl.num_heads, impl.head_size,
-                                      max_kv_splits=DEFAULT_MAX_KV_SPLITS, device=device)
+                                      device=device)
         _WORKSPACES[key] = ws
     return ws
 

@@ -186,6 +186,19 @@ if AVAILABLE:
         return seq_len, start, end, gl.cdiv(gl.maximum(end - start, 0), BLOCK_N)
 
     @gluon.jit
+    def _split_range_min(SEQ, b, sid, NUM_SPLITS, BLOCK_N: gl.constexpr, MIN_TILES: gl.constexpr,
+                         BASE_SPLITS: gl.constexpr):
+        """:func:`_split_range` with at least min(MIN_TILES, the tiles of a BASE_SPLITS split) tiles
+        per split (``triton_verify.split_tiles``; the splits past the request's end are empty and
+        store log-sum-exp -inf, as everywhere)."""
+        seq_len = gl.load(SEQ + b)
+        base = gl.cdiv(gl.cdiv(seq_len, BASE_SPLITS), BLOCK_N)
+        split_len = gl.maximum(gl.cdiv(gl.cdiv(seq_len, NUM_SPLITS), BLOCK_N), gl.minimum(MIN_TILES, base)) * BLOCK_N
+        start = sid * split_len
+        end = gl.minimum(start + split_len, seq_len)
+        return seq_len, start, end, gl.cdiv(gl.maximum(end - start, 0), BLOCK_N)
+
+    @gluon.jit
     def _stage_prologue(KV, bt_row, kv_off, stride_cb, stride_cp, start, end, n_tiles, kw_smem, vw_smem, sz_smem,
                         PAGE: gl.constexpr, BLOCK_N: gl.constexpr, VAL_W: gl.constexpr, SZ_W: gl.constexpr,
                         LW: gl.constexpr, STAGES: gl.constexpr, KEY_BITS: gl.constexpr, PREFETCH: gl.constexpr):
@@ -378,6 +391,7 @@ if AVAILABLE:
         WM: gl.constexpr, WN: gl.constexpr, STAGES: gl.constexpr,
         KEY_BITS: gl.constexpr = 8, VAL_BITS: gl.constexpr = 4, NORM_W: gl.constexpr = 0,
         NORM_CORRECTION: gl.constexpr = False, PREFETCH: gl.constexpr = False, FOLD: gl.constexpr = False,
+        MIN_TILES: gl.constexpr = 1, BASE_SPLITS: gl.constexpr = 32,
     ):
         """KEY_BITS 8: fp8 (e4nv) keys, KV an int32 view, tiles staged by cp.async (STAGES deep;
         PREFETCH: block-table entries read one issue ahead); field offsets VAL_W / SZ_W in words. KEY_BITS 3/4: MSE keys (centroid indices, codebook
@@ -412,7 +426,10 @@ if AVAILABLE:
         kvh = gl.program_id(0) // M_CHUNKS
         mc = gl.program_id(0) % M_CHUNKS
         sid = gl.program_id(2)
-        seq_len, start, end, n_tiles = _split_range(SEQ, b, sid, NUM_SPLITS, BLOCK_N)
+        if MIN_TILES > 1:  # (one request: more splits, none shorter than MIN_TILES tiles)
+            seq_len, start, end, n_tiles = _split_range_min(SEQ, b, sid, NUM_SPLITS, BLOCK_N, MIN_TILES, BASE_SPLITS)
+        else:
+            seq_len, start, end, n_tiles = _split_range(SEQ, b, sid, NUM_SPLITS, BLOCK_N)
 
         # query -> shared memory, four sub-tiles [BLOCK_M, 64]
         q_smem = gl.allocate_shared_memory(gl.float16, [4, BLOCK_M, D4], sh_h)
@@ -563,7 +580,8 @@ if AVAILABLE:
         NW: gl.constexpr, STAGES: gl.constexpr,
         KEY_BITS: gl.constexpr = 8, VAL_BITS: gl.constexpr = 4, NORM_W: gl.constexpr = 0,
         NORM_CORRECTION: gl.constexpr = False, PREFETCH: gl.constexpr = False, FOLD: gl.constexpr = False,
-        WG: gl.constexpr = False, WG_DEPTH: gl.constexpr = 1,
+        WG: gl.constexpr = False, WG_DEPTH: gl.constexpr = 1, MIN_TILES: gl.constexpr = 1,
+        BASE_SPLITS: gl.constexpr = 32,
     ):
         """:func:`_tq_verify_gluon` transposed: S^T = K Q^T and O^T = V^T P^T, so the query rows of a
         (request, KV head) are the tensor cores' N, in multiples of 8 instead of 16-row tiles: two
@@ -609,7 +627,10 @@ if AVAILABLE:
         b = gl.program_id(1)
         kvh = gl.program_id(0)
         sid = gl.program_id(2)
-        seq_len, start, end, n_tiles = _split_range(SEQ, b, sid, NUM_SPLITS, BLOCK_N)
+        if MIN_TILES > 1:  # (one request: more splits, none shorter than MIN_TILES tiles)
+            seq_len, start, end, n_tiles = _split_range_min(SEQ, b, sid, NUM_SPLITS, BLOCK_N, MIN_TILES, BASE_SPLITS)
+        else:
+            seq_len, start, end, n_tiles = _split_range(SEQ, b, sid, NUM_SPLITS, BLOCK_N)
 
         qa_smem = gl.allocate_shared_memory(gl.float16, [4, RA, D4], sh_h)
         _load_query(Q, qa_smem, 0, RA, b, kvh, K1, G, stride_qn, stride_qh, qk_scale, LQ)

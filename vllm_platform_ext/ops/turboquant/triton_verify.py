@@ -180,9 +180,18 @@ def _tq_verify_stage2(
     NUM_SPLITS,
     D: tl.constexpr,
     SPLIT4: tl.constexpr = False,
+    S_POW2: tl.constexpr = 1,
+    UNROLL: tl.constexpr = 8,
 ):
-    """Merges the split-KV partials. SPLIT4: partial column ``e * D/4 + j`` holds element ``4j + e``
-    (stage 1 stores each sub-tile contiguously: coalesced stores)."""
+    """Merges the split-KV partials (every split writes one; an empty split, or a row that sees none
+    of its positions, has log-sum-exp -inf). Up to 16 splits (S_POW2 <= 16): one split after the
+    other with a running maximum. More: the log-sum-exps of all splits (S_POW2 >= NUM_SPLITS) are
+    read at once for the common maximum, the sum and the last split a row sees, then the outputs up
+    to it UNROLL splits at a time: no load waits for an earlier split, so the merge costs a few memory
+    round trips instead of one or two per split, and the empty splits past a short request's end
+    (the one-request plan's) are not read. Outputs of splits with weight 0 are not used. SPLIT4:
+    partial column ``e * D/4 + j`` holds element ``4j + e`` (stage 1 stores each sub-tile
+    contiguously)."""
     r = tl.program_id(0)
     h = tl.program_id(1)
     d = tl.arange(0, D)
@@ -191,19 +200,35 @@ def _tq_verify_stage2(
     else:
         col = d
     base = MID + r.to(tl.int64) * stride_mr + h.to(tl.int64) * stride_mh
-    m = float("-inf")
-    l = 0.0
     acc = tl.zeros([D], tl.float32)
-    for s in range(NUM_SPLITS):
-        lse = tl.load(base + s * stride_ms + D)
-        if lse > float("-inf"):
-            o = tl.load(base + s * stride_ms + col)
-            m_new = tl.maximum(m, lse)
-            a = tl.exp2(m - m_new)
-            w = tl.exp2(lse - m_new)
-            acc = acc * a + o * w
-            l = l * a + w
-            m = m_new
+    if S_POW2 <= 16:
+        m = float("-inf")
+        l = 0.0
+        for s in range(NUM_SPLITS):
+            lse = tl.load(base + s * stride_ms + D)
+            if lse > float("-inf"):
+                o = tl.load(base + s * stride_ms + col)
+                m_new = tl.maximum(m, lse)
+                a = tl.exp2(m - m_new)
+                w = tl.exp2(lse - m_new)
+                acc = acc * a + o * w
+                l = l * a + w
+                m = m_new
+    else:
+        sp = tl.arange(0, S_POW2)
+        lse_all = tl.load(base + sp * stride_ms + D, mask=sp < NUM_SPLITS, other=float("-inf"))
+        m = tl.max(lse_all, axis=0)
+        m = tl.where(m == float("-inf"), 0.0, m)
+        l = tl.sum(tl.exp2(lse_all - m), axis=0)
+        last = tl.max(tl.where(lse_all > float("-inf"), sp + 1, 0), axis=0)
+        for s0 in range(0, last, UNROLL):
+            for j in tl.static_range(UNROLL):
+                sj = tl.full([1], j, tl.int32) + s0  # ([1]: a tensor under the interpreter too)
+                ok = sj < last
+                lse = tl.load(base + sj * stride_ms + D, mask=ok, other=float("-inf"))
+                o = tl.load(base + sj * stride_ms + col, mask=(d >= 0) & ok, other=0.0)
+                w = tl.exp2(lse - m)
+                acc += tl.where(w > 0.0, o * w, 0.0)
     res = acc / tl.where(l > 0.0, l, 1.0)
     tl.store(OUT + r.to(tl.int64) * stride_on + h.to(tl.int64) * stride_oh + d, res.to(OUT.dtype.element_ty))
 
@@ -635,12 +660,18 @@ class VerifyWorkspace:
         max_query_len: int,
         num_q_heads: int,
         head_dim: int,
-        max_kv_splits: int = DEFAULT_MAX_KV_SPLITS,
+        max_kv_splits: int | None = None,
         device: torch.device | str = "cuda",
     ) -> "VerifyWorkspace":
+        """``max_kv_splits`` None: DEFAULT_MAX_KV_SPLITS, or more when ``max_num_seqs`` is so small
+        that one request's rows would not hold SMALL_BATCH_MAX_SPLITS partials (the split plan of
+        single requests, :func:`gluon_split_plan`; fewer rows than allocated may use more splits)."""
         from vllm_platform_ext.ops.turboquant.routing import workspace_rows
 
         rows = workspace_rows(max_num_seqs, max_query_len - 1)
+        if max_kv_splits is None:
+            per_seq = triton.cdiv(SMALL_BATCH_MAX_SPLITS, max(1, max_num_seqs))
+            max_kv_splits = max(DEFAULT_MAX_KV_SPLITS, per_seq)
         mid = torch.empty(rows, num_q_heads, max_kv_splits, head_dim + 1, dtype=torch.float32, device=device)
         return cls(mid)
 
@@ -687,6 +718,7 @@ def v2_num_kv_splits(num_reqs: int, num_kv_heads: int, m_chunks: int, device: to
 # v2 kernel (word loads): per key type
 USE_V2 = True
 LAST_KERNEL = ""  # stage-1 kernel of the last call: "gluon_k8v4", "gluon_mse", "v2" or "v1" (tests, profiling)
+LAST_SPLITS = (0, 1)  # (split count, fewest tiles per split) of the last call (tests, profiling)
 V2_SPLIT_WAVES = 4
 V2_LAUNCH_DEFAULTS = {
     # Per preset, measured best on an H200 (B=64, K=3, 32K context, 24/4 heads, vLLM's page layout;
@@ -841,6 +873,66 @@ def gluon_num_kv_splits(programs: int, device: torch.device, max_splits: int, ct
     return int(max(1, min(max_splits, triton.cdiv(slots, max(1, programs)))))
 
 
+# One request: where the programs at the usual split cap (DEFAULT_MAX_KV_SPLITS) fill at most half
+# of the SMs (16/2 heads: 2 programs x 32 splits on 132 SMs) and a program holds at most
+# SMALL_BATCH_MAX_ROWS rows, up to SMALL_BATCH_MAX_SPLITS splits, but none shorter than
+# SMALL_BATCH_MIN_TILES tiles (or than the usual split, when that is shorter): 16K and 32K contexts
+# spread over twice the SMs, 4K and 8K keep their splits. H200, 16/2 heads, B = 1, K = 0-3: 32K
+# 1.25-1.44x, 16K 1.06-1.21x; 48-row programs (K+1 = 6) and 4 programs (24/4 heads) lose with more
+# splits (benchmarks/SWEEP_turboquant.txt, T1).
+SMALL_BATCH_MAX_SPLITS = 64
+SMALL_BATCH_MIN_TILES = 4
+SMALL_BATCH_MAX_ROWS = 32
+
+
+def gluon_split_plan(programs: int, device: torch.device, max_splits: int, ctas_per_sm: int, capacity: int,
+                     rows: int) -> tuple[int, int]:
+    """(split count, fewest tiles per split) of the Gluon kernels for ``programs`` (request, KV head,
+    row chunk) programs of ``rows`` query rows each: ``gluon_num_kv_splits`` under ``max_splits``,
+    one tile minimum; but where ``programs x DEFAULT_MAX_KV_SPLITS`` programs would fill at most half
+    of the SMs and ``rows <= SMALL_BATCH_MAX_ROWS``, SMALL_BATCH_MAX_SPLITS splits (no more than
+    ``capacity``, the splits the workspace holds for this call) of at least
+    min(SMALL_BATCH_MIN_TILES, the tiles of a DEFAULT_MAX_KV_SPLITS split) tiles each
+    (:func:`split_tiles`). Shapes only (stable under CUDA graphs)."""
+    if programs * DEFAULT_MAX_KV_SPLITS <= _num_sms(device) // 2 and rows <= SMALL_BATCH_MAX_ROWS:
+        splits = max(max_splits, min(SMALL_BATCH_MAX_SPLITS, capacity))
+        if splits > DEFAULT_MAX_KV_SPLITS:
+            return splits, SMALL_BATCH_MIN_TILES
+    return gluon_num_kv_splits(programs, device, max_splits, ctas_per_sm), 1
+
+
+def split_tiles(seq_len: int, num_splits: int, block_n: int, min_tiles: int = 1) -> int:
+    """Tiles per split of a request of ``seq_len`` positions, as the kernels compute it: the length
+    cut in ``num_splits`` whole-tile parts; with ``min_tiles`` > 1 no fewer than min(min_tiles, the
+    tiles of a DEFAULT_MAX_KV_SPLITS split). Split s holds positions [s, s + 1) x tiles x block_n."""
+    tiles = triton.cdiv(triton.cdiv(seq_len, num_splits), block_n)
+    if min_tiles > 1:
+        tiles = max(tiles, min(min_tiles, triton.cdiv(triton.cdiv(seq_len, DEFAULT_MAX_KV_SPLITS), block_n)))
+    return tiles
+
+
+def workspace_splits(mid: torch.Tensor, rows: int, num_q_heads: int, head_dim: int) -> int:
+    """Split partials the workspace ``mid`` holds for a call of ``rows`` query rows: its split
+    dimension, or more when it is contiguous and fewer rows leave room (:func:`_workspace_view`)."""
+    if mid.is_contiguous() and rows > 0:
+        return max(mid.shape[2], mid.numel() // (rows * num_q_heads * (head_dim + 1)))
+    return mid.shape[2]
+
+
+def _workspace_view(mid: torch.Tensor, rows: int, num_q_heads: int, splits: int, head_dim: int) -> torch.Tensor:
+    """The workspace as ``[rows, num_q_heads, splits, head_dim + 1]``: itself when it is that large
+    in every dimension, else (more splits than it was sized for, fewer rows) the front of its
+    contiguous memory seen with those dimensions; a clear error when it cannot hold them."""
+    if mid.shape[0] >= rows and mid.shape[1] >= num_q_heads and mid.shape[2] >= splits and mid.shape[3] >= head_dim + 1:
+        return mid
+    need = rows * num_q_heads * splits * (head_dim + 1)
+    if mid.is_contiguous() and mid.shape[0] >= rows and mid.numel() >= need:
+        return mid.view(-1)[:need].view(rows, num_q_heads, splits, head_dim + 1)
+    raise ValueError(
+        f"workspace {tuple(mid.shape)} too small for {rows} rows x {num_q_heads} heads x {splits} splits x "
+        f"{head_dim + 1}: size it max_num_seqs x (K+1) rows (routing.workspace_rows)")
+
+
 def _apply_rules(cfg: dict, rules, num_reqs: int, num_kv_heads: int, k1: int, m_chunks: int) -> dict:
     progs = num_reqs * num_kv_heads * m_chunks
 
@@ -971,6 +1063,11 @@ def turboquant_verify_attention(
     block_n = BLOCK_N or cfg["BLOCK_N"]
     m_chunks = triton.cdiv(rows, block_m)
     max_splits = workspace.max_kv_splits if workspace is not None else DEFAULT_MAX_KV_SPLITS
+    if workspace is not None:
+        mid = workspace.mid
+        if mid.device != dev or mid.dtype != torch.float32:
+            raise ValueError(f"workspace must be float32 on {dev}, got {mid.dtype} on {mid.device}")
+    min_tiles = 1  # fewest tiles per split (Gluon kernels; the others always split by 1)
     v2 = v2_launch_config(preset, b, hk, k1, m_chunks) if kv16 is not None else {}
     # up to TRANSPOSED_ROWS rows per (request, KV head): the transposed Gluon kernel (rows as the MMA's N);
     # on Hopper with WGMMA, up to WG_ROWS rows its warpgroup-MMA form (M = the tile's positions: a multiple of 64)
@@ -981,7 +1078,12 @@ def turboquant_verify_attention(
     if gcfg is not None and gcfg.get("SPLIT_FIT") and not gcfg.get("SPLIT_WAVES"):
         prog_rows = sum(transposed_row_groups(rows)) if trans else block_m
         ctas = gluon_ctas_per_sm(gcfg, prog_rows, lay.key_fp8)
-        splits = num_kv_splits or gluon_num_kv_splits(b * hk * (1 if trans else m_chunks), dev, max_splits, ctas)
+        if num_kv_splits:
+            splits = num_kv_splits
+        else:
+            capacity = workspace_splits(mid, n, hq, d) if workspace is not None else SMALL_BATCH_MAX_SPLITS
+            splits, min_tiles = gluon_split_plan(b * hk * (1 if trans else m_chunks), dev, max_splits, ctas,
+                                                 capacity, prog_rows)
     elif kv16 is not None:
         waves = (gcfg or v2).get("SPLIT_WAVES")
         splits = num_kv_splits or v2_num_kv_splits(b, hk, m_chunks, dev, max_splits, waves)
@@ -993,14 +1095,7 @@ def turboquant_verify_attention(
             raise RuntimeError("turboquant_verify_attention: allocate a VerifyWorkspace before CUDA-graph capture")
         mid = torch.empty(n, hq, splits, d + 1, dtype=torch.float32, device=dev)
     else:
-        mid = workspace.mid
-        if mid.device != dev or mid.dtype != torch.float32:
-            raise ValueError(f"workspace must be float32 on {dev}, got {mid.dtype} on {mid.device}")
-        if mid.shape[0] < n or mid.shape[1] < hq or mid.shape[2] < splits or mid.shape[3] < d + 1:
-            raise ValueError(
-                f"workspace {tuple(mid.shape)} too small for {n} rows x {hq} heads x {splits} splits x {d + 1}: "
-                "size it max_num_seqs x (K+1) rows (routing.workspace_rows)"
-            )
+        mid = _workspace_view(mid, n, hq, splits, d)
     if out is None:
         out = torch.empty(n, hq, d, dtype=query.dtype, device=dev)
     elif tuple(out.shape) != (n, hq, d) or out.stride(2) != 1:
@@ -1045,7 +1140,7 @@ def turboquant_verify_attention(
                 float(scale) * _LOG2E, k1, splits)
         common = dict(G=hq // hk, PAGE=kv_cache.shape[1], BLOCK_N=gcfg["BLOCK_N"],
                       VAL_W=lay.key_packed_size // units, SZ_W=lay.scale_offset // units,
-                      STAGES=gcfg["num_stages"], **key_args,
+                      STAGES=gcfg["num_stages"], MIN_TILES=min_tiles, BASE_SPLITS=DEFAULT_MAX_KV_SPLITS, **key_args,
                       **({"maxnreg": gcfg["maxnreg"]} if gcfg.get("maxnreg") else {}))
         if trans:  # every warp along the positions (WG: one warpgroup on Hopper MMAs)
             ra, rb = transposed_row_groups(rows)
@@ -1078,12 +1173,14 @@ def turboquant_verify_attention(
         LAST_KERNEL = "v1"
         _launch_v1(q_in, kv_cache, block_table, seq_lens, cent, mid, scale, k1, splits, hq, hk, block_m, m_chunks,
                    d, block_n, lay, fp8_e4b15, cfg, GATHER, num_warps, num_stages)
+    global LAST_SPLITS
+    LAST_SPLITS = (splits, min_tiles)
     _tq_verify_stage2[(n, hq)](
         mid, out,
         mid.stride(0), mid.stride(1), mid.stride(2),
         out.stride(0), out.stride(1),
         splits,
-        D=d,
+        D=d, S_POW2=triton.next_power_of_2(splits),
         SPLIT4=bool(gcfg is not None or (kv16 is not None and lay.value_bits == 4)),  # Gluon: always split
         num_warps=4 if d >= 256 else 2,
     )
