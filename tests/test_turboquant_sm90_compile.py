@@ -291,8 +291,8 @@ def test_gluon_plain_decode_register_caps_do_not_spill(aot, preset, maxnreg):
     ("turboquant_4bit_nc", None, {"BLOCK_M": 32}, 168),  # row-major MSE, K+1 = 4
 ])
 def test_one_request_split_plan_leaves_the_tile_loop_alone(aot, preset, rows, over, maxnreg):
-    """The one-request split plan (``MIN_TILES`` > 1: ``gluon_verify._split_range_min``) and the
-    empty-split exit change only the code before the tile loop: the loop's instructions are the
+    """The one-request split plan (``MIN_TILES`` > 1 in ``gluon_verify._split_range``) changes only
+    the code before the tile loop: the loop's instructions are the
     same length with MIN_TILES 1 and 4, and the same opcodes, integer adds / multiply-adds and register
     moves counted together (Triton 3.9's ptxas may turn an add into a move there; under 3.6, on the GPU
     machine, the loops are identical)."""

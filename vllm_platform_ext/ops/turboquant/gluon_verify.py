@@ -177,23 +177,18 @@ if AVAILABLE:
         return kw, vw, nrm, sz
 
     @gluon.jit
-    def _split_range(SEQ, b, sid, NUM_SPLITS, BLOCK_N: gl.constexpr):
-        """Request b's length and split sid's positions [start, end): whole tiles per split."""
+    def _split_range(SEQ, b, sid, NUM_SPLITS, BLOCK_N: gl.constexpr, MIN_TILES: gl.constexpr,
+                     BASE_SPLITS: gl.constexpr):
+        """Request b's length and split sid's positions [start, end): whole tiles per split; with
+        MIN_TILES > 1 (one request: more splits) at least min(MIN_TILES, the tiles of a BASE_SPLITS
+        split) of them (``triton_verify.split_tiles``; the splits past the request's end are empty
+        and store log-sum-exp -inf, as everywhere)."""
         seq_len = gl.load(SEQ + b)
-        split_len = gl.cdiv(gl.cdiv(seq_len, NUM_SPLITS), BLOCK_N) * BLOCK_N
-        start = sid * split_len
-        end = gl.minimum(start + split_len, seq_len)
-        return seq_len, start, end, gl.cdiv(gl.maximum(end - start, 0), BLOCK_N)
-
-    @gluon.jit
-    def _split_range_min(SEQ, b, sid, NUM_SPLITS, BLOCK_N: gl.constexpr, MIN_TILES: gl.constexpr,
-                         BASE_SPLITS: gl.constexpr):
-        """:func:`_split_range` with at least min(MIN_TILES, the tiles of a BASE_SPLITS split) tiles
-        per split (``triton_verify.split_tiles``; the splits past the request's end are empty and
-        store log-sum-exp -inf, as everywhere)."""
-        seq_len = gl.load(SEQ + b)
-        base = gl.cdiv(gl.cdiv(seq_len, BASE_SPLITS), BLOCK_N)
-        split_len = gl.maximum(gl.cdiv(gl.cdiv(seq_len, NUM_SPLITS), BLOCK_N), gl.minimum(MIN_TILES, base)) * BLOCK_N
+        if MIN_TILES > 1:
+            base = gl.cdiv(gl.cdiv(seq_len, BASE_SPLITS), BLOCK_N)
+            split_len = gl.maximum(gl.cdiv(gl.cdiv(seq_len, NUM_SPLITS), BLOCK_N), gl.minimum(MIN_TILES, base)) * BLOCK_N
+        else:
+            split_len = gl.cdiv(gl.cdiv(seq_len, NUM_SPLITS), BLOCK_N) * BLOCK_N
         start = sid * split_len
         end = gl.minimum(start + split_len, seq_len)
         return seq_len, start, end, gl.cdiv(gl.maximum(end - start, 0), BLOCK_N)
@@ -426,10 +421,7 @@ if AVAILABLE:
         kvh = gl.program_id(0) // M_CHUNKS
         mc = gl.program_id(0) % M_CHUNKS
         sid = gl.program_id(2)
-        if MIN_TILES > 1:  # (one request: more splits, none shorter than MIN_TILES tiles)
-            seq_len, start, end, n_tiles = _split_range_min(SEQ, b, sid, NUM_SPLITS, BLOCK_N, MIN_TILES, BASE_SPLITS)
-        else:
-            seq_len, start, end, n_tiles = _split_range(SEQ, b, sid, NUM_SPLITS, BLOCK_N)
+        seq_len, start, end, n_tiles = _split_range(SEQ, b, sid, NUM_SPLITS, BLOCK_N, MIN_TILES, BASE_SPLITS)
 
         # query -> shared memory, four sub-tiles [BLOCK_M, 64]
         q_smem = gl.allocate_shared_memory(gl.float16, [4, BLOCK_M, D4], sh_h)
@@ -627,10 +619,7 @@ if AVAILABLE:
         b = gl.program_id(1)
         kvh = gl.program_id(0)
         sid = gl.program_id(2)
-        if MIN_TILES > 1:  # (one request: more splits, none shorter than MIN_TILES tiles)
-            seq_len, start, end, n_tiles = _split_range_min(SEQ, b, sid, NUM_SPLITS, BLOCK_N, MIN_TILES, BASE_SPLITS)
-        else:
-            seq_len, start, end, n_tiles = _split_range(SEQ, b, sid, NUM_SPLITS, BLOCK_N)
+        seq_len, start, end, n_tiles = _split_range(SEQ, b, sid, NUM_SPLITS, BLOCK_N, MIN_TILES, BASE_SPLITS)
 
         qa_smem = gl.allocate_shared_memory(gl.float16, [4, RA, D4], sh_h)
         _load_query(Q, qa_smem, 0, RA, b, kvh, K1, G, stride_qn, stride_qh, qk_scale, LQ)
