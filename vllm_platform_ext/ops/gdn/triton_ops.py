@@ -3,7 +3,8 @@
 Same signatures and semantics as ``torch_ops`` (the op contract in ``ops/gdn/__init__.py``);
 judged by ``reference``. Imports torch and Triton only (no vLLM), so the kernels run on a
 machine that has no vLLM, and under ``TRITON_INTERPRET=1`` on CPU tensors (fp32/fp16 there:
-the interpreter's bf16 arithmetic is broken upstream).
+the interpreter's bf16 arithmetic is broken upstream). The SSM state is read and written in
+the cache's dtype (float32, bfloat16 or float16) and carried in float32 through a row's tokens.
 
 Spec-decode state handling:
 
@@ -31,12 +32,8 @@ import torch
 import triton
 import triton.language as tl
 
-try:  # one error type for every GDN implementation
-    from vllm_platform_ext.ops.gdn.torch_ops import GDNInputError
-except ImportError:  # pragma: no cover - torch_ops is part of the package
-
-    class GDNInputError(ValueError):
-        """Bad shapes, dtypes or metadata given to a GDN op."""
+# one error type and one set of SSM cache dtypes for every GDN implementation
+from vllm_platform_ext.ops.gdn.torch_ops import SSM_STATE_DTYPES, GDNInputError
 
 
 VALIDATE_ENV = "VLLM_PLATFORM_EXT_GDN_VALIDATE"
@@ -413,9 +410,9 @@ def _recurrent_kernel(
         if SPEC:
             dst = tl.load(idx_ptr + i_n * si_n + i * si_c).to(tl.int64)
             if (dst != null_id) & (dst >= 0) & (dst < num_slots):
-                tl.store(h_ptr + (dst * sh_n + i_hv * (V * K)) + o_v[:, None] * K + o_k[None, :], b_h, mask=mh)
+                tl.store(h_ptr + (dst * sh_n + i_hv * (V * K)) + o_v[:, None] * K + o_k[None, :], b_h.to(h_ptr.dtype.element_ty), mask=mh)
     if not SPEC:
-        tl.store(h_ptr + (src * sh_n + i_hv * (V * K)) + o_v[:, None] * K + o_k[None, :], b_h, mask=mh)
+        tl.store(h_ptr + (src * sh_n + i_hv * (V * K)) + o_v[:, None] * K + o_k[None, :], b_h.to(h_ptr.dtype.element_ty), mask=mh)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -574,7 +571,8 @@ def _recurrent(q, k, v, gates, scale, ssm_states, query_start_loc, state_indices
         g1, g2 = (g if g.stride(1) == 1 else g.contiguous()), (beta if beta.stride(1) == 1 else beta.contiguous())
     _check(isinstance(ssm_states, torch.Tensor) and ssm_states.dim() == 4 and tuple(ssm_states.shape[1:]) == (HV, V, K),
            f"ssm_states must be (slots, {HV}, {V}, {K}), got {tuple(getattr(ssm_states, 'shape', ()))}")
-    _check(ssm_states.dtype == torch.float32, f"ssm_states must be float32, got {ssm_states.dtype}")
+    _check(ssm_states.dtype in SSM_STATE_DTYPES,
+           f"ssm_states must be float32, bfloat16 or float16, got {ssm_states.dtype}")
     _check(ssm_states.device == dev, f"ssm_states is on {ssm_states.device}, expected {dev}")
     _check(ssm_states.stride(3) == 1 and ssm_states.stride(2) == K and ssm_states.stride(1) == V * K,
            f"each slot of ssm_states must be a contiguous (HV, V, K) block, got strides {tuple(ssm_states.stride())}")
