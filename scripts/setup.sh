@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One entry for all set-up on a fresh machine (Python 3.10+, pip reaching PyPI):
 #   bash scripts/setup.sh verify   install into .venv, then run `vllm-platform-ext verify`
-#   bash scripts/setup.sh test     install into .venv (+ .venv-old, vLLM 0.23.0), then run the test suite
+#   bash scripts/setup.sh test     install into .venv (+ .venv-old, vLLM 0.23.0; the vLLM wheels of the
+#                                  compat tables into .cache/vllm-wheels), then run the test suite
 #   bash scripts/setup.sh install  install only
 # The install is skipped when .venv already holds it for the same setup files.
 set -euo pipefail
@@ -42,6 +43,9 @@ case "${1:-install}" in
     # The GDN CUDA wiring for the vLLM 0.2x lines is tested against vLLM 0.23.0's own code,
     # which lives in a second venv (.venv-old, ~2 min, ~9 GB; skipped when already there).
     bash scripts/old_vllm_venv.sh >/dev/null
+    # The wheels each line's compat schema table was derived from (files only, ~2 GB, checked
+    # against the sha256 in the tables; tests/test_compat_tables.py re-derives the tables).
+    "$PY" tools/compat_tables.py fetch >/dev/null
     [ $# -gt 0 ] || set -- tests
     "$PY" -m pytest -q -m "not gpu" "$@" ;;
   *) echo "usage: $0 [install|verify|test]" >&2; exit 2 ;;

@@ -77,8 +77,8 @@ def _optional_sections() -> dict:
     try:
         from vllm_platform_ext import compat
 
-        if hasattr(compat, "schema_table"):
-            out["compat_schemas"] = compat.schema_table()
+        out["compat_table"] = compat.table_info()
+        out["compat_schemas"] = compat.schema_table()
     except Exception as exc:
         out["compat_schemas"] = f"unavailable: {exc}"
     try:
@@ -125,7 +125,9 @@ def _print_doctor(info: dict) -> None:
     for e in info["bootstrap"]["entries"]:
         print(f"  [{e['status']:7}] {e['step']:7} {e['name']:40} {e['detail']}")
     if isinstance(info.get("compat_schemas"), list):
-        section("compat op schemas")
+        t = info["compat_table"]
+        section(f"compat op schemas (vLLM {t['vllm']}: table {t['table']}, {t['rows']} ops, derived from "
+                f"{t['derived_from']})" + (f"\n  WARNING: {t['note']}" if t["note"] else ""))
         for row in info["compat_schemas"]:
             print(f"  {row.get('status', ''):32} {row.get('op', '')}.{row.get('overload', '')}")
             if row.get("status") == "differs":

@@ -62,6 +62,7 @@ def apply_schemas(report: Report, table: tuple[OpSchema, ...] | None = None) -> 
     if table is None:
         key, table, note = table_for(vllm_version())
         if key != _version_key():
+            _log.warning("vllm_platform_ext compat: %s", note)
             report.skipped(STEP, "schema table", note)
     errors = []
     for row in table:
@@ -99,6 +100,18 @@ def apply(report: Report) -> None:
         if strict_mode():
             raise RuntimeError(report.find(STEP, "kernel libraries").detail)
     accelerator.backfill(report)
+
+
+def table_info() -> dict:
+    """Which schema table this vLLM uses, where it was derived from, and the note when the
+    version has none of its own (for ``doctor``)."""
+    from vllm_platform_ext.compat.schemas import TABLE_SOURCES
+
+    version = vllm_version()
+    key, rows, note = table_for(version)
+    exact = key == _version_key()
+    return {"vllm": version, "table": f"{key[0]}.{key[1]}", "rows": len(rows),
+            "derived_from": TABLE_SOURCES[key]["wheel"], "note": "" if exact else note}
 
 
 def schema_table() -> list[dict]:

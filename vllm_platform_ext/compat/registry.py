@@ -95,6 +95,27 @@ def _kernels_for(row: OpSchema):
     return fallbacks.stub_kernels(row.name)
 
 
+def real_kernel_fits(row: OpSchema) -> bool:
+    """Whether this package has a torch kernel for ``row`` (not a stub) that takes exactly its
+    arguments: the schema's positional arguments are the kernel's leading parameters, in order
+    and by name, its keyword-only ones are parameters too, and any other parameter has a default.
+    Decides REAL or STUB when a line's table is derived from its wheel."""
+    import dataclasses
+    import inspect
+
+    try:
+        kernel, _ = _kernels_for(dataclasses.replace(row, fallback=REAL))
+    except LookupError:
+        return False
+    params = inspect.signature(kernel).parameters
+    args = torch._C.parse_schema(row.schema).arguments
+    positional = [a.name for a in args if not a.kwarg_only]
+    if list(params)[: len(positional)] != positional:
+        return False
+    named = {a.name for a in args}
+    return all(name in named or p.default is not p.empty for name, p in params.items())
+
+
 def define(row: OpSchema) -> None:
     """Define ``row`` with its kernel (on every device, ``CompositeExplicitAutograd``) and fake."""
     kernel, fake = _kernels_for(row)

@@ -11,12 +11,16 @@ bodies, decorators and default values of functions; not function or lambda bodie
 * ``fake``: ``register_fake("<ns>::<op>")`` / ``impl_abstract(...)`` with a constant name.
 
 Used by the schema test (the table must equal :func:`required_ops` of the installed vLLM)
-and when adding a vLLM version to ``schemas.py``.
+and by ``tools/compat_tables.py``, which derives a line's table from its wheel: the import-time
+ops of its Python (:func:`scan_wheel`) with the schema strings of its kernel libraries
+(:func:`wheel_library_schemas`).
 """
 from __future__ import annotations
 
 import ast
 import pathlib
+import re
+import zipfile
 from dataclasses import dataclass
 
 _FAKE_REGISTRARS = {"register_fake", "impl_abstract"}
@@ -93,7 +97,13 @@ class _ImportTimeVisitor(ast.NodeVisitor):
         self.generic_visit(node)
 
 
+# Every use the visitor finds is spelled with one of these (a cheap filter before parsing).
+_MARKERS = ("torch.ops", *_FAKE_REGISTRARS)
+
+
 def scan_source(source: str, file: str = "<string>") -> list[OpUse]:
+    if not any(m in source for m in _MARKERS):
+        return []
     visitor = _ImportTimeVisitor(file)
     visitor.visit(ast.parse(source, filename=file))
     return visitor.uses
@@ -134,3 +144,54 @@ def vllm_root() -> pathlib.Path:
     if spec is None or not spec.submodule_search_locations:
         raise ImportError("vllm is not installed")
     return pathlib.Path(list(spec.submodule_search_locations)[0])
+
+
+# --------------------------------------------------------------------------- a vLLM wheel
+
+_SCHEMA = re.compile(r"([A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z0-9_]+)?)\((.*)\)\s*->\s*(.*)")
+_PRINTABLE = re.compile(rb"[\x20-\x7e]{12,}")
+
+
+def scan_wheel(wheel: str | pathlib.Path) -> list[OpUse]:
+    """:func:`scan_tree` over the ``vllm/`` Python of a wheel file (nothing is installed)."""
+    uses: list[OpUse] = []
+    with zipfile.ZipFile(wheel) as z:
+        for name in sorted(z.namelist()):
+            if not (name.startswith("vllm/") and name.endswith(".py")):
+                continue
+            try:
+                uses.extend(scan_source(z.read(name).decode("utf-8"), name[len("vllm/"):]))
+            except (SyntaxError, UnicodeDecodeError):
+                continue
+    return uses
+
+
+def library_namespace(member: str) -> str | None:
+    """``vllm/_C_stable_libtorch.abi3.so`` -> ``_C``; ``vllm/_moe_C.abi3.so`` -> ``_moe_C``; None
+    for anything that is not one of vLLM's own top-level kernel libraries."""
+    parts = member.split("/")
+    if len(parts) != 2 or parts[0] != "vllm" or not parts[1].endswith(".so"):
+        return None
+    stem = parts[1].split(".", 1)[0].removesuffix("_stable_libtorch")
+    return stem if _is_c_ns(stem) and not stem.startswith("_flashmla") else None
+
+
+def wheel_library_schemas(wheel: str | pathlib.Path) -> dict[tuple[str, str], str]:
+    """``{(namespace, "op[.overload]"): schema}`` for every op schema string compiled into the
+    wheel's kernel libraries (``TORCH_LIBRARY`` ``ops.def("...")`` literals), whitespace
+    collapsed. Read from the binary, never loaded."""
+    found: dict[tuple[str, str], str] = {}
+    with zipfile.ZipFile(wheel) as z:
+        for info in z.infolist():
+            ns = library_namespace(info.filename)
+            if ns is None:
+                continue
+            data = z.read(info)
+            for m in _PRINTABLE.finditer(data):
+                text = m.group().decode("ascii")
+                if "->" not in text:
+                    continue
+                mm = _SCHEMA.fullmatch(text.strip())
+                if mm:
+                    found.setdefault((ns, mm.group(1)), re.sub(r"\s+", " ", text.strip()))
+    return found
