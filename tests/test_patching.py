@@ -152,3 +152,28 @@ def test_disable_env_skips_a_group(monkeypatch):
     assert not patching.apply_group(_group("off", T + ".hello"), r)
     assert Target().hello() == "hello"
     assert r.find("patch", "off").detail == f"disabled by {patching.DISABLE_ENV}"
+
+
+def test_add_missing_adds_then_restore_removes():
+    class Owner:
+        present = 1
+
+    mod = types.ModuleType("vpe_add_missing_mod")
+    mod.Owner = Owner
+    import sys
+
+    sys.modules[mod.__name__] = mod
+    try:
+        patching.apply("add", [Patch(f"{mod.__name__}:Owner.field", lambda orig: 7, add_missing=True)])
+        assert Owner.field == 7 and Owner().field == 7
+        with pytest.raises(patching.PatchError, match="no original"):
+            patching.original(f"{mod.__name__}:Owner.field")
+        patching.restore("add")
+        assert not hasattr(Owner, "field")
+        with pytest.raises(PatchConflict, match="exists"):  # never replaces what is there
+            patching.apply("add2", [Patch(f"{mod.__name__}:Owner.present", lambda orig: 2, add_missing=True)])
+        assert Owner.present == 1 and not patching.applied_targets("add2")
+        with pytest.raises(PatchTargetMissing):  # the owner itself must exist
+            patching.apply("add3", [Patch(f"{mod.__name__}:Nobody.field", lambda orig: 2, add_missing=True)])
+    finally:
+        del sys.modules[mod.__name__]

@@ -171,3 +171,83 @@ def test_config_pickles_for_worker_processes(registered):
     qconfig = get_quantization_config("moe_wna16").from_config(GPTQ)
     clone = pickle.loads(pickle.dumps(qconfig))
     assert type(clone) is type(qconfig) and clone.weight_bits == 4
+
+
+# ---- beside a vendor plugin (vLLM-metax registers its own moe_wna16 config) -------------------
+
+
+class VendorMoeWNA16Method(MoeWNA16Method):
+    """What vLLM-metax's v0.23/v0.24 lines do: read ``self.moe.disable_inplace`` in ``apply``."""
+
+    def apply(self, layer, x, *args, **kwargs):
+        return {"inplace": not self.moe.disable_inplace}
+
+
+class VendorMoeWNA16Config(MoeWNA16Config):
+    """A vendor config as vLLM-metax registers it (``use_marlin`` off, its own MoE method)."""
+
+    def get_quant_method(self, layer, prefix):
+        method = super().get_quant_method(layer, prefix)
+        if type(method) is MoeWNA16Method:
+            method.__class__ = VendorMoeWNA16Method
+        return method
+
+
+VendorMoeWNA16Config.__module__ = VendorMoeWNA16Method.__module__ = "vendor_plugin.quant_config"
+
+
+@pytest.fixture
+def vendor_registered():
+    from vllm.model_executor.layers import quantization as q
+    from vllm.model_executor.layers.quantization import register_quantization_config
+
+    moe_wna16.unregister()
+    before = dict(q._CUSTOMIZED_METHOD_TO_QUANT_CONFIG)
+    register_quantization_config("moe_wna16")(VendorMoeWNA16Config)
+    yield
+    q._CUSTOMIZED_METHOD_TO_QUANT_CONFIG.clear()
+    q._CUSTOMIZED_METHOD_TO_QUANT_CONFIG.update(before)
+
+
+def test_vendor_registration_is_kept(vendor_registered):
+    report = Report()
+    quant.register(report)
+    entry = report.find("quant", "moe_wna16")
+    assert entry.status.value == "skipped" and "kept vendor_plugin.quant_config.VendorMoeWNA16Config" in entry.detail
+    assert get_quantization_config("moe_wna16") is VendorMoeWNA16Config
+
+
+def test_vendor_method_reads_disable_inplace_only_with_the_group(vendor_registered, maca_oracle):
+    """vLLM 0.32's FusedMoEConfig has no disable_inplace (like 0.23-0.26): the vendor's method
+    raises AttributeError on it; with moe.disable_inplace_default applied it runs, in place."""
+    from vllm_platform_ext import patching
+
+    (group,) = [g for g in quant.groups() if g.name == moe_wna16.DISABLE_INPLACE_GROUP]
+    was_applied = patching.applied_targets(group.name)
+    if was_applied:  # the session's bootstrap applied it: take it off for the "before" half
+        patching.restore(group.name)
+    try:
+        assert group.skip_if() is None, "this vLLM's FusedMoEConfig should lack disable_inplace"
+        qconfig = get_quantization_config("moe_wna16").from_config(GPTQ)
+        method = qconfig.get_quant_method(_routed_experts(_moe_config()), "model.layers.0.mlp.experts")
+        assert type(method) is VendorMoeWNA16Method
+        with pytest.raises(AttributeError, match="disable_inplace"):
+            method.apply(None, torch.ones(1, 4))
+        report = Report()
+        assert patching.apply_group(group, report)
+        assert method.apply(None, torch.ones(1, 4)) == {"inplace": True}
+        assert moe_wna16.moe_inplace(_moe_config()) is True  # the plugin's own reading agrees
+        legacy = _moe_config(LegacyFusedMoEConfig, disable_inplace=True)  # a line that has the field
+        assert legacy.disable_inplace is True
+    finally:
+        patching.restore(group.name)
+        if was_applied:
+            patching.apply(group.name, list(group.build()))
+
+
+def test_disable_inplace_group_not_needed_where_the_field_exists(monkeypatch):
+    import vllm.model_executor.layers.fused_moe.config as cfg
+
+    monkeypatch.setattr(cfg, "FusedMoEConfig", LegacyFusedMoEConfig)
+    (group,) = [g for g in quant.groups() if g.name == moe_wna16.DISABLE_INPLACE_GROUP]
+    assert group.skip_if() == "not needed: this vLLM's FusedMoEConfig has disable_inplace"

@@ -49,10 +49,15 @@ def strict_mode() -> bool:
 
 @dataclass(frozen=True)
 class Patch:
-    """Replace ``target`` with ``factory(original)``."""
+    """Replace ``target`` with ``factory(original)``.
+
+    ``add_missing``: the attribute must NOT exist yet (its owner must); it is added as
+    ``factory(None)`` and removed again by :func:`restore`. For fields a vLLM line dropped while
+    other code still reads them; the group's ``skip_if`` says "not needed" where it exists."""
 
     target: str  # "package.module:Attr" or "package.module:Class.attr"
     factory: Callable[[Any], Any]
+    add_missing: bool = False
 
 
 @dataclass(frozen=True)
@@ -80,9 +85,10 @@ class _Applied:
 
 
 _APPLIED: dict[str, _Applied] = {}
+_ABSENT = object()  # the "original" of an attribute a patch added
 
 
-def resolve(target: str) -> tuple[Any, str]:
+def resolve(target: str, attr_may_be_missing: bool = False) -> tuple[Any, str]:
     """Return ``(owner, attribute name)`` of ``target``; raise :class:`PatchTargetMissing`."""
     module_name, sep, path = target.partition(":")
     if not sep or not path:
@@ -98,7 +104,7 @@ def resolve(target: str) -> tuple[Any, str]:
         if not hasattr(owner, part):
             raise PatchTargetMissing(f"{target}: {walked} does not exist")
         owner = getattr(owner, part)
-    if not hasattr(owner, attr):
+    if not attr_may_be_missing and not hasattr(owner, attr):
         raise PatchTargetMissing(f"{target}: attribute {attr!r} does not exist on {owner!r}")
     return owner, attr
 
@@ -140,11 +146,17 @@ def apply(group: str, patches: Sequence[Patch]) -> list[str]:
         if p.target in seen:
             raise PatchConflict(f"{p.target} appears twice in patch group {group!r}")
         seen.add(p.target)
-        owner, attr = resolve(p.target)
-        raw, owned = _raw(owner, attr)
+        owner, attr = resolve(p.target, attr_may_be_missing=p.add_missing)
+        if p.add_missing:
+            if hasattr(owner, attr):
+                raise PatchConflict(f"{p.target} exists: a patch that adds a missing attribute does not replace it")
+            raw, owned = _ABSENT, True
+        else:
+            raw, owned = _raw(owner, attr)
         plan.append((p, owner, attr, raw, owned))
     # Build every replacement before touching anything, so a factory error leaves no trace.
-    built = [(p, owner, attr, raw, owned, _make(p.factory, raw)) for p, owner, attr, raw, owned in plan]
+    built = [(p, owner, attr, raw, owned, p.factory(None) if p.add_missing else _make(p.factory, raw))
+             for p, owner, attr, raw, owned in plan]
     done: list[_Applied] = []
     try:
         for p, owner, attr, raw, owned, new in built:
@@ -161,7 +173,9 @@ def apply(group: str, patches: Sequence[Patch]) -> list[str]:
 
 
 def _undo(rec: _Applied) -> None:
-    if rec.owned:
+    if rec.raw is _ABSENT:
+        delattr(rec.owner, rec.attr)
+    elif rec.owned:
         setattr(rec.owner, rec.attr, rec.raw)
     else:
         delattr(rec.owner, rec.attr)
@@ -171,9 +185,12 @@ def _undo(rec: _Applied) -> None:
 def original(target: str) -> Any:
     """The attribute that ``target`` held before it was patched (descriptor included)."""
     try:
-        return _APPLIED[target].raw
+        raw = _APPLIED[target].raw
     except KeyError:
         raise PatchError(f"{target} is not patched") from None
+    if raw is _ABSENT:
+        raise PatchError(f"{target} was added by the patch: it had no original")
+    return raw
 
 
 def is_patched(target: str) -> bool:

@@ -3,7 +3,8 @@
 * :func:`register` puts this plugin's quantization configs into vLLM's quantization
   registry (``register_quantization_config``) and records each in the report; it runs in
   ``bootstrap()`` (every vLLM process).
-* :func:`groups` returns attribute patches (none needed today).
+* :func:`groups` returns the attribute patches that go with them, applied with the other
+  patch groups.
 """
 from __future__ import annotations
 
@@ -13,6 +14,10 @@ from vllm_platform_ext.report import Report
 STEP = "quant"
 
 
+class NotRegistered(Exception):
+    """A config this plugin chose not to register (the reason is the message)."""
+
+
 def register(report: Report | None = None) -> None:
     """Register every hardened quantization config; each success or failure is reported."""
     from vllm_platform_ext.quant import moe_wna16
@@ -20,6 +25,10 @@ def register(report: Report | None = None) -> None:
     for name, fn in (("moe_wna16", moe_wna16.register),):
         try:
             detail = fn()
+        except NotRegistered as why:
+            if report is not None:
+                report.skipped(STEP, name, str(why))
+            continue
         except Exception as exc:
             if report is not None:
                 report.failed(STEP, name, f"{type(exc).__name__}: {exc}")
@@ -31,4 +40,6 @@ def register(report: Report | None = None) -> None:
 
 
 def groups() -> list[PatchGroup]:
-    return []
+    from vllm_platform_ext.quant import moe_wna16
+
+    return list(moe_wna16.GROUPS)

@@ -21,6 +21,8 @@ import functools
 import inspect
 from typing import Any
 
+from vllm_platform_ext.patching import Patch, PatchGroup
+
 NAME = "moe_wna16"
 
 
@@ -125,13 +127,71 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
+def _qualname(cls: type) -> str:
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def vendor_config() -> type | None:
+    """The ``moe_wna16`` config another plugin registered (vLLM-metax registers its MACA one,
+    which turns Marlin off), else ``None``."""
+    from vllm.model_executor.layers import quantization as q
+
+    current = getattr(q, "_CUSTOMIZED_METHOD_TO_QUANT_CONFIG", {}).get(NAME)
+    if current is None or current.__module__.startswith(("vllm.", __name__)):
+        return None
+    return current
+
+
 def register() -> str:
-    """Register :class:`MoeWNA16CompatConfig` as ``moe_wna16``; returns a report line."""
+    """Register :class:`MoeWNA16CompatConfig` as ``moe_wna16``; returns a report line.
+
+    A vendor's registration is kept (raises :class:`NotRegistered` with the reason): replacing
+    it would undo what the vendor changed for its hardware. Its MoE method is served by the
+    ``moe.disable_inplace_default`` group where the vLLM line dropped the field it reads."""
     from vllm.model_executor.layers.quantization import register_quantization_config
 
+    from vllm_platform_ext.quant import NotRegistered
+
+    vendor = vendor_config()
+    if vendor is not None:
+        raise NotRegistered(f"kept {_qualname(vendor)}, registered as {NAME} by another plugin; "
+                            f"{DISABLE_INPLACE_GROUP} covers its MoE method")
     config_cls, _ = classes()
     register_quantization_config(NAME)(config_cls)
-    return f"{NAME} -> {config_cls.__module__}.{config_cls.__qualname__} (inplace via KernelCallAdapter)"
+    return f"{NAME} -> {_qualname(config_cls)} (inplace via KernelCallAdapter)"
+
+
+# -- FusedMoEConfig.disable_inplace where the line dropped it ------------------------------------
+
+DISABLE_INPLACE_GROUP = "moe.disable_inplace_default"
+FUSED_MOE_CONFIG = "vllm.model_executor.layers.fused_moe.config:FusedMoEConfig"
+
+
+def _disable_inplace_skip() -> str | None:
+    import importlib
+
+    module, _, cls = FUSED_MOE_CONFIG.partition(":")
+    try:
+        klass = getattr(importlib.import_module(module), cls)
+    except (ImportError, AttributeError) as exc:
+        return f"{FUSED_MOE_CONFIG} not importable ({exc})"
+    if hasattr(klass, "disable_inplace") or "disable_inplace" in getattr(klass, "__dataclass_fields__", {}):
+        return "not needed: this vLLM's FusedMoEConfig has disable_inplace"
+    return None
+
+
+GROUPS = [
+    PatchGroup(
+        name=DISABLE_INPLACE_GROUP,
+        why="vLLM 0.23 dropped FusedMoEConfig.disable_inplace, but vLLM-metax's moe_wna16 method on its "
+            "v0.23/v0.24 lines still passes inplace=not self.moe.disable_inplace: AttributeError on the first "
+            "MoE forward (vLLM-metax PR #294, unmerged). Adds the field back as a class default, False "
+            "(in place), the value PR #294 reads and validated on C500 and the one moe_inplace() assumes "
+            "for an absent field; retired where the field exists or vLLM-metax stops reading it (v0.25, #326)",
+        build=lambda: [Patch(f"{FUSED_MOE_CONFIG}.disable_inplace", lambda _: False, add_missing=True)],
+        skip_if=_disable_inplace_skip,
+    )
+]
 
 
 def unregister() -> None:
