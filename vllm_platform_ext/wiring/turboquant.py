@@ -13,6 +13,11 @@ Patches (vLLM 0.32 ``vllm.v1.attention.backends.turboquant_attn``):
 * ``TurboQuantMetadataBuilder.get_cudagraph_support``: with speculative decoding, declare
   UNIFORM_BATCH only where the route serves the captured K+1 batches (AoS cache), else
   UNIFORM_SINGLE_TOKEN_DECODE (the truthful downgrade), instead of vLLM's UNIFORM_BATCH.
+* ``vllm.v1.attention.selector.resolve_obj_by_qualname`` (how vLLM turns the platform's backend
+  path into a class): when it yields a TurboQuant backend other than upstream's -- vLLM-metax
+  registers its own copy under ``TURBOQUANT`` -- the four patches above land on that backend's
+  builder and impl too, once, whenever the other plugin registered it (before or after this
+  bootstrap). The bootstrap report gets a ``turboquant_spec_verify -> <backend>`` entry.
 """
 from __future__ import annotations
 
@@ -22,6 +27,7 @@ from typing import Any
 import torch
 
 from vllm_platform_ext.ops.turboquant.routing import uniform_verify_width, workspace_rows
+from vllm_platform_ext import patching
 from vllm_platform_ext.patching import Patch, PatchGroup
 
 MOD = "vllm.v1.attention.backends.turboquant_attn"
@@ -169,20 +175,73 @@ def _skip_if() -> str | None:
     return None
 
 
+NAME = "turboquant_spec_verify"
+SELECTOR = "vllm.v1.attention.selector:resolve_obj_by_qualname"
+_FACTORIES = (("builder", "build", _build_factory), ("builder", "get_cudagraph_support", _cg_support_factory),
+              ("impl", "__init__", _init_factory), ("impl", "forward", _forward_factory))
+
+
+def _ours(cls: type, attr: str) -> bool:
+    """``cls.attr`` (own or inherited) is already this group's replacement."""
+    import inspect
+
+    raw = inspect.getattr_static(cls, attr, None)
+    fn = getattr(raw, "__func__", raw)
+    return getattr(fn, patching.MARK, None) == NAME
+
+
+def backend_patches(backend: type) -> list[Patch]:
+    """The group's patches for a TurboQuant attention backend class: its metadata builder's
+    ``build`` / ``get_cudagraph_support`` and its impl's ``__init__`` / ``forward`` -- upstream's,
+    or a copy another plugin registered (vLLM-metax registers its own). Methods it inherits
+    from an already patched class are left alone."""
+    classes = {"impl": backend.get_impl_cls(), "builder": backend.get_builder_cls()}
+    return [Patch(f"{classes[kind].__module__}:{classes[kind].__qualname__}.{attr}", factory)
+            for kind, attr, factory in _FACTORIES if not _ours(classes[kind], attr)]
+
+
+def land_on(backend: type) -> str:
+    """Apply the group to ``backend`` unless done; report it in this process's bootstrap report.
+    Returns ``"patched"`` or ``"already"``."""
+    patches = backend_patches(backend)
+    if not patches:
+        return "already"
+    import vllm_platform_ext
+
+    report = vllm_platform_ext.bootstrap_report()
+    label = f"{NAME} -> {backend.__module__}.{backend.__qualname__}"
+    try:
+        targets = patching.apply(NAME, patches)
+    except Exception as exc:
+        if report is not None:
+            report.failed("patch", label, f"{type(exc).__name__}: {exc}")
+        raise
+    if report is not None:
+        report.applied("patch", label, f"the TurboQuant backend vLLM selected [{', '.join(targets)}]")
+    return "patched"
+
+
+def _selector_factory(orig):
+    def resolve_obj_by_qualname(qualname: str):
+        obj = orig(qualname)
+        get_name = getattr(obj, "get_name", None)
+        if isinstance(obj, type) and callable(get_name) and get_name() == "TURBOQUANT":
+            land_on(obj)  # a backend another plugin registered in place of upstream's
+        return obj
+
+    return resolve_obj_by_qualname
+
+
 def _build() -> list[Patch]:
-    cls = f"{MOD}:TurboQuantAttentionImpl"
-    bld = f"{MOD}:TurboQuantMetadataBuilder"
-    return [
-        Patch(f"{bld}.build", _build_factory),
-        Patch(f"{bld}.get_cudagraph_support", _cg_support_factory),
-        Patch(f"{cls}.__init__", _init_factory),
-        Patch(f"{cls}.forward", _forward_factory),
-    ]
+    import importlib
+
+    upstream = importlib.import_module(MOD).TurboQuantAttentionBackend
+    return [*backend_patches(upstream), Patch(SELECTOR, _selector_factory)]
 
 
 GROUPS: list[PatchGroup] = [
     PatchGroup(
-        name="turboquant_spec_verify",
+        name=NAME,
         why="uniform K+1 verify batches on a TurboQuant KV cache: one graph-capturable kernel instead of "
             "the per-request CPU loop (degenerate output under FULL CUDA graphs, vLLM #40880/#53180)",
         build=_build,
