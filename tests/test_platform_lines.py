@@ -1,0 +1,133 @@
+"""``MacaPlatform`` (the standalone MetaX platform) against every vLLM line it may run on
+(0.22-0.26 and 0.32/0.33), read statically from each line's wheel (the compat tables' wheels,
+fetched by ``tools/compat_tables.py fetch``):
+
+* every method it overrides exists on that line's ``Platform`` (or on its CUDA platform classes:
+  vLLM calls those on CUDA-alike platforms) with the same parameter names -- or is one of the
+  hooks the line does not have yet, listed here per line, which vLLM then never calls;
+* every name it imports from vLLM (at module level and inside its methods) is defined by that
+  line's module.
+"""
+from __future__ import annotations
+
+import ast
+import importlib.util
+import inspect
+import os
+import zipfile
+
+import pytest
+
+from vllm_platform_ext.compat import schemas
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PLATFORM_FILE = os.path.join(ROOT, "vllm_platform_ext", "platform.py")
+_spec = importlib.util.spec_from_file_location("compat_tables", os.path.join(ROOT, "tools", "compat_tables.py"))
+tools = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(tools)
+
+# Hooks MacaPlatform implements that a line's Platform does not define (vLLM added them later).
+NEWER_HOOKS = {"validate_environ", "check_runner_kv_caches_multi_layer"}
+ABSENT_HOOKS = {(0, 22): NEWER_HOOKS, (0, 23): NEWER_HOOKS, (0, 24): NEWER_HOOKS, (0, 25): NEWER_HOOKS,
+                (0, 26): NEWER_HOOKS, (0, 32): set(), (0, 33): set()}
+
+
+def _params(fn) -> list[str]:
+    names = list(inspect.signature(getattr(fn, "__func__", fn)).parameters)
+    return names[1:] if names[:1] in (["cls"], ["self"]) else names
+
+
+def _class_methods(tree: ast.Module, name: str | None = None) -> dict[str, list[list[str]]]:
+    """Parameter lists of the methods of class ``name`` in ``tree`` (every class when ``name`` is
+    None; a method several classes define has several lists)."""
+    out: dict[str, list[list[str]]] = {}
+    for node in tree.body:
+        if isinstance(node, ast.ClassDef) and name in (None, node.name):
+            for f in node.body:
+                if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    args = [a.arg for a in f.args.posonlyargs + f.args.args + f.args.kwonlyargs]
+                    out.setdefault(f.name, []).append(args[1:] if args[:1] in (["cls"], ["self"]) else args)
+    if name is not None and not out:
+        raise LookupError(name)
+    return out
+
+
+def _defined(tree: ast.Module) -> set[str]:
+    """Names a module binds at top level (defs, classes, assignments, imports, try/if bodies)."""
+    names: set[str] = set()
+
+    def visit(body):
+        for n in body:
+            if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                names.add(n.name)
+            elif isinstance(n, (ast.Import, ast.ImportFrom)):
+                names.update((a.asname or a.name).split(".")[0] for a in n.names)
+            elif isinstance(n, (ast.Assign, ast.AnnAssign)):
+                for t in (n.targets if isinstance(n, ast.Assign) else [n.target]):
+                    names.update(x.id for x in ast.walk(t) if isinstance(x, ast.Name))
+            elif isinstance(n, (ast.If, ast.Try)):
+                visit(n.body)
+                visit(getattr(n, "orelse", []))
+                for h in getattr(n, "handlers", []):
+                    visit(h.body)
+    visit(tree.body)
+    return names
+
+
+def _our_vllm_imports() -> list[tuple[str, str]]:
+    tree = ast.parse(open(PLATFORM_FILE).read())
+    return sorted({(n.module, a.name) for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)
+                   and (n.module or "").startswith("vllm.") and not n.module.startswith("vllm_") for a in n.names})
+
+
+@pytest.fixture(scope="module", params=sorted(schemas.TABLE_SOURCES), ids=lambda k: f"vllm-{k[0]}.{k[1]}")
+def line(request):
+    key = request.param
+    src = schemas.TABLE_SOURCES[key]
+    wheel = tools.find_wheel(src["vllm"])
+    if wheel is None:
+        pytest.fail(f"no vllm-{src['vllm']} wheel: run `python tools/compat_tables.py fetch` (scripts/setup.sh test does)")
+    return key, zipfile.ZipFile(wheel)
+
+
+def _module_tree(z: zipfile.ZipFile, module: str) -> ast.Module | None:
+    base = module.replace(".", "/")
+    for name in (f"{base}.py", f"{base}/__init__.py"):
+        try:
+            return ast.parse(z.read(name).decode())
+        except KeyError:
+            continue
+    return None
+
+
+def test_overrides_exist_with_the_same_parameters(line):
+    from vllm_platform_ext.platform import MacaPlatform
+
+    key, z = line
+    known = _class_methods(_module_tree(z, "vllm.platforms.cuda"))  # CudaPlatformBase, Nvml/NonNvml
+    for method, params in _class_methods(_module_tree(z, "vllm.platforms.interface"), "Platform").items():
+        known.setdefault(method, []).extend(params)
+    ours = {n: v for n, v in vars(MacaPlatform).items()
+            if not n.startswith("_") and callable(getattr(v, "__func__", v))}
+    absent = sorted(n for n in ours if n not in known)
+    assert absent == sorted(ABSENT_HOOKS[key]), f"vLLM {key}: overrides with no counterpart there: {absent}"
+    differ = {n: (_params(v), known[n]) for n, v in ours.items() if n in known and _params(v) not in known[n]}
+    assert not differ, f"vLLM {key}: parameter names differ (ours, the line's): {differ}"
+
+
+def test_every_vllm_name_it_imports_exists(line):
+    key, z = line
+    missing = []
+    for module, name in _our_vllm_imports():
+        tree = _module_tree(z, module)
+        if tree is None or name not in _defined(tree):
+            missing.append(f"{module}.{name}")
+    assert not missing, f"vLLM {key} lacks what platform.py imports: {missing}"
+
+
+def test_the_static_checks_have_teeth():
+    """The import check finds the names platform.py really imports, and a name a line lacks fails."""
+    imports = _our_vllm_imports()
+    assert ("vllm.platforms.interface", "Platform") in imports and len(imports) >= 5
+    tree = ast.parse("from a import b as c\nX = 1\ntry:\n    import d.e\nexcept ImportError:\n    Y = 2\n")
+    assert _defined(tree) == {"c", "X", "d", "Y"}
