@@ -1,8 +1,11 @@
+import importlib.util
 import os
 import subprocess
 import sys
 
 import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # Tests never reach a model hub.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -40,3 +43,31 @@ def cpu_path_env(request):
     from vllm_platform_ext.verify.cpu_paths import env_for
 
     return request.param, env_for(request.param)
+
+
+def old_vllm_python() -> str:
+    """The old-vLLM-line venv's python (``scripts/old_vllm_venv.sh``; ``OLD_VLLM_PYTHON`` overrides)."""
+    return os.environ.get("OLD_VLLM_PYTHON") or os.path.join(REPO, ".venv-old", "bin", "python")
+
+
+def _compat_tables_tool():
+    spec = importlib.util.spec_from_file_location("compat_tables", os.path.join(REPO, "tools", "compat_tables.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def table_wheel(key: tuple[int, int]):
+    """The vLLM wheel the compat table of line ``key`` was derived from (fetched by
+    ``tools/compat_tables.py fetch``, which ``scripts/setup.sh test`` runs), checked by name and
+    sha256; a missing or different wheel fails the test with what to run."""
+    from vllm_platform_ext.compat import schemas
+
+    tools = _compat_tables_tool()
+    src = schemas.TABLE_SOURCES[key]
+    wheel = tools.find_wheel(src["vllm"])
+    if wheel is None:
+        pytest.fail(f"no vllm-{src['vllm']} wheel in {tools.WHEEL_DIR}: run `python tools/compat_tables.py fetch` "
+                    "(scripts/setup.sh test does)")
+    assert wheel.name == src["wheel"] and tools.sha256(wheel) == src["sha256"], f"{wheel} is not the table's wheel"
+    return wheel

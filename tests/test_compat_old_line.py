@@ -19,7 +19,7 @@ import subprocess
 
 import pytest
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from conftest import REPO, old_vllm_python
 
 CHILD = r"""
 import importlib, json, os, sys, pkgutil
@@ -94,12 +94,10 @@ vllm_platform_ext = vllm_platform_ext:register
 """
 
 
-def _old_python() -> str:
-    return os.environ.get("OLD_VLLM_PYTHON") or os.path.join(REPO, ".venv-old", "bin", "python")
 
 
 def _run(tmp_path, plugin: bool, spawn: bool) -> dict:
-    py = _old_python()
+    py = old_vllm_python()
     if not os.path.exists(py):
         pytest.fail(f"old-vLLM venv missing ({py}): run `bash scripts/old_vllm_venv.sh` (setup step)")
     script = tmp_path / "child.py"

@@ -8,19 +8,12 @@ The wheels are fetched (not installed) by ``python tools/compat_tables.py fetch`
 """
 from __future__ import annotations
 
-import importlib.util
-import os
-
 import pytest
 import torch
 
+from conftest import table_wheel
 from vllm_platform_ext.compat import registry, scan, schemas
 from vllm_platform_ext.compat.schemas import REAL
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-_spec = importlib.util.spec_from_file_location("compat_tables", os.path.join(ROOT, "tools", "compat_tables.py"))
-tools = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(tools)
 
 METAX_LINES = [(0, 22), (0, 23), (0, 24), (0, 25), (0, 26)]
 LINES = sorted(schemas.TABLES)
@@ -35,12 +28,7 @@ def test_every_served_line_has_its_own_table():
 @pytest.fixture(scope="module", params=LINES, ids=lambda k: f"vllm-{k[0]}.{k[1]}")
 def line(request):
     key = request.param
-    src = schemas.TABLE_SOURCES[key]
-    wheel = tools.find_wheel(src["vllm"])
-    if wheel is None:
-        pytest.fail(f"no vllm-{src['vllm']} wheel in {tools.WHEEL_DIR}: run `python tools/compat_tables.py fetch` "
-                    "(scripts/setup.sh test does)")
-    assert wheel.name == src["wheel"] and tools.sha256(wheel) == src["sha256"], f"{wheel} is not the table's wheel"
+    wheel = table_wheel(key)
     uses = scan.scan_wheel(wheel)
     return key, uses, scan.wheel_library_schemas(wheel)
 

@@ -211,16 +211,12 @@ if __name__ == "__main__" and sys.argv[1:] == ["--old-side"]:
 # ---------------------------------------------------------------------------------------------
 import pytest  # noqa: E402
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def _old_python() -> str:
-    return os.environ.get("OLD_VLLM_PYTHON") or os.path.join(REPO, ".venv-old", "bin", "python")
+from conftest import REPO, old_vllm_python  # noqa: E402
 
 
 @pytest.fixture(scope="module")
 def old():
-    py = _old_python()
+    py = old_vllm_python()
     if not os.path.exists(py):
         pytest.fail(f"old-vLLM venv missing ({py}): run `bash scripts/old_vllm_venv.sh` (setup step)")
     env = dict(os.environ, PYTHONPATH=REPO, VLLM_PLUGINS="", CUDA_VISIBLE_DEVICES="")

@@ -11,20 +11,16 @@ fetched by ``tools/compat_tables.py fetch``):
 from __future__ import annotations
 
 import ast
-import importlib.util
 import inspect
 import os
 import zipfile
 
 import pytest
 
+from conftest import REPO, table_wheel
 from vllm_platform_ext.compat import schemas
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-PLATFORM_FILE = os.path.join(ROOT, "vllm_platform_ext", "platform.py")
-_spec = importlib.util.spec_from_file_location("compat_tables", os.path.join(ROOT, "tools", "compat_tables.py"))
-tools = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(tools)
+PLATFORM_FILE = os.path.join(REPO, "vllm_platform_ext", "platform.py")
 
 # Hooks MacaPlatform implements that a line's Platform does not define (vLLM added them later).
 NEWER_HOOKS = {"validate_environ", "check_runner_kv_caches_multi_layer"}
@@ -83,11 +79,7 @@ def _our_vllm_imports() -> list[tuple[str, str]]:
 @pytest.fixture(scope="module", params=sorted(schemas.TABLE_SOURCES), ids=lambda k: f"vllm-{k[0]}.{k[1]}")
 def line(request):
     key = request.param
-    src = schemas.TABLE_SOURCES[key]
-    wheel = tools.find_wheel(src["vllm"])
-    if wheel is None:
-        pytest.fail(f"no vllm-{src['vllm']} wheel: run `python tools/compat_tables.py fetch` (scripts/setup.sh test does)")
-    return key, zipfile.ZipFile(wheel)
+    return key, zipfile.ZipFile(table_wheel(key))
 
 
 def _module_tree(z: zipfile.ZipFile, module: str) -> ast.Module | None:

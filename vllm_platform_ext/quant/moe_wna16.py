@@ -21,7 +21,7 @@ import functools
 import inspect
 from typing import Any
 
-from vllm_platform_ext.patching import Patch, PatchGroup
+from vllm_platform_ext.patching import Patch, PatchGroup, PatchTargetMissing, resolve
 
 NAME = "moe_wna16"
 
@@ -168,13 +168,11 @@ FUSED_MOE_CONFIG = "vllm.model_executor.layers.fused_moe.config:FusedMoEConfig"
 
 
 def _disable_inplace_skip() -> str | None:
-    import importlib
-
-    module, _, cls = FUSED_MOE_CONFIG.partition(":")
     try:
-        klass = getattr(importlib.import_module(module), cls)
-    except (ImportError, AttributeError) as exc:
-        return f"{FUSED_MOE_CONFIG} not importable ({exc})"
+        owner, name = resolve(FUSED_MOE_CONFIG)
+    except PatchTargetMissing as exc:
+        return str(exc)
+    klass = getattr(owner, name)
     if hasattr(klass, "disable_inplace") or "disable_inplace" in getattr(klass, "__dataclass_fields__", {}):
         return "not needed: this vLLM's FusedMoEConfig has disable_inplace"
     return None
