@@ -45,6 +45,8 @@ OLD_RUNNER_EXCERPT = """
             ):
                 extra_attn_metadata_args = dict(
                     num_accepted_tokens=self.num_accepted_tokens.gpu[:num_reqs_padded],
+                    use_spec_decode=use_spec_decode,
+                    num_scheduled_tokens=scheduler_output.num_scheduled_tokens,
 """
 OLD_LAYER_EXCERPT = """
                 fused_sigmoid_gating_delta_rule_update(
@@ -181,7 +183,11 @@ def test_wrapper_on_the_real_builder_reclassifies_unmarked_decode_rows():
         # zero-draft decode, spec row, first prompt chunk
         m = _metadata([1, 3, 5], [20, 30, 5], k, prefilling=[False, False, True])
         acc = torch.tensor([2, 1, 1], dtype=torch.int32)
-        md = gdn_attn.GDNAttentionMetadataBuilder.build(b, 0, m, acc, torch.tensor([-1, 2, -1], dtype=torch.int32))
+        token = G._STEP_ACCEPTED.set(acc)  # inside a scheduled step, as the runner patch sets it
+        try:
+            md = gdn_attn.GDNAttentionMetadataBuilder.build(b, 0, m, acc, torch.tensor([-1, 2, -1], dtype=torch.int32))
+        finally:
+            G._STEP_ACCEPTED.reset(token)
         assert md.num_spec_decodes == 2 and md.num_prefills == 1
         assert md.num_accepted_tokens.tolist() == [2, 1]
         assert md.spec_state_indices_tensor.tolist() == [[1, 2, 3], [4, 5, 6]]

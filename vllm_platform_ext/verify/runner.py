@@ -21,20 +21,38 @@ from pathlib import Path
 
 from vllm_platform_ext.verify.audit import BAD_NATS, MARGIN, Reference, passes
 from vllm_platform_ext.verify.cpu_paths import NO_AVX512_BF16, PATHS, env_for
-from vllm_platform_ext.verify.engine import EngineConfig, EngineSettings, run_in_subprocess
+from vllm_platform_ext.verify.engine import GRAPH_MODES, EngineConfig, EngineSettings, run_in_subprocess
 from vllm_platform_ext.verify.prompts import default_prompts
-from vllm_platform_ext.verify.tiny_models import KINDS, check_checkpoint, make_tiny_model
+from vllm_platform_ext.verify.tiny_models import DIMS, KINDS, check_checkpoint, make_tiny_model
 
 QUICK_MODES = "base,ngram:2,mtp:2"
 FULL_MODES = "base,ngram:1,ngram:2,ngram:4,mtp:1,mtp:2,mtp:3"
 
 
-def parse_modes(text: str, ssm_cache_dtype: str = "auto") -> list[EngineConfig]:
+def parse_modes(text: str, ssm_cache_dtype: str = "auto", kv: str = "auto", graphs: str = "eager") -> list[EngineConfig]:
+    """Every mode[:k] of ``text`` on every KV cache dtype of the comma list ``kv``."""
     out = []
-    for item in (x.strip() for x in text.split(",") if x.strip()):
-        mode, _, k = item.partition(":")
-        out.append(EngineConfig(mode, int(k) if k else 0, ssm_cache_dtype=ssm_cache_dtype))
+    for kv_dtype in (x.strip() for x in kv.split(",") if x.strip()):
+        for item in (x.strip() for x in text.split(",") if x.strip()):
+            mode, _, k = item.partition(":")
+            out.append(EngineConfig(mode, int(k) if k else 0, ssm_cache_dtype=ssm_cache_dtype,
+                                    kv_cache_dtype=kv_dtype, graphs=graphs))
     return out
+
+
+def accelerator() -> str:
+    """``cuda`` where torch sees a CUDA (or MACA, which answers as CUDA) device, else ``cpu``."""
+    try:
+        import torch
+
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    except Exception:
+        return "cpu"
+
+
+# What a GPU host runs by default: the real head sizes, graphs on, bf16 and TurboQuant KV.
+GPU_DEFAULTS = {"kv": "auto,turboquant_k8v4", "graphs": "full_and_piecewise", "dims": "gpu"}
+CPU_DEFAULTS = {"kv": "auto", "graphs": "eager", "dims": "cpu"}
 
 
 def describe_engine_path(runs) -> str:
@@ -65,6 +83,8 @@ class Row:
     generate_s: float
     passed: bool
     note: str = ""
+    kv: str = "auto"
+    graphs: str = "eager"
 
 
 def judge(run, audit, floor: float, margin: float) -> tuple[bool, str]:
@@ -98,19 +118,21 @@ def audit_kind(kind: str, model_dir: Path, configs: list[EngineConfig], settings
             ok, note = judge(run, a, floor, margin)
         rows.append(Row(kind, run.mode, run.k, bad, floor, positions, run.num_drafts,
                         run.num_draft_tokens, run.num_accepted_tokens, run.init_s,
-                        run.generate_s, ok, note))
+                        run.generate_s, ok, note, run.kv_cache_dtype, run.graphs))
     return rows
 
 
 def format_table(rows: list[Row], margin: float) -> str:
-    head = (f"{'model':<13} {'mode':<6} {'k':>2} {'bad':>6} {'floor':>6} {'limit':>6} "
-            f"{'drafts':>6} {'acc/draft':>10} {'init s':>6} {'gen s':>6}  result")
+    extra = any(r.kv != "auto" or r.graphs != "eager" for r in rows)
+    head = (f"{'model':<13} {'mode':<6} {'k':>2} " + (f"{'kv':<9} {'graphs':<18} " if extra else "")
+            + f"{'bad':>6} {'floor':>6} {'limit':>6} {'drafts':>6} {'acc/draft':>10} {'init s':>6} {'gen s':>6}  result")
     lines = [head, "-" * len(head)]
     for r in rows:
+        cfg = f"{r.kv.removeprefix('turboquant_'):<9} {r.graphs:<18} " if extra else ""
         bad = "  err " if r.bad != r.bad else f"{r.bad:6.3f}"
         acc = "-" if r.mode == "base" else f"{r.accepted}/{r.draft_tokens}"
         res = "PASS" if r.passed else "FAIL"
-        lines.append(f"{r.model:<13} {r.mode:<6} {r.k:>2} {bad} {r.floor:6.3f} "
+        lines.append(f"{r.model:<13} {r.mode:<6} {r.k:>2} {cfg}{bad} {r.floor:6.3f} "
                      f"{r.floor + margin:6.3f} {r.drafts:>6} {acc:>10} {r.init_s:6.1f} "
                      f"{r.generate_s:6.1f}  {res}{'  (' + r.note + ')' if r.note else ''}")
     lines.append(f"bad = fraction of generated positions whose regret under transformers float32 "
@@ -141,13 +163,22 @@ def build_parser() -> argparse.ArgumentParser:
                          f"{NO_AVX512_BF16} (SSM cache in the model dtype, torch conv) on any host")
     ap.add_argument("--ssm-cache-dtype", default="auto", choices=("auto", "float32", "bfloat16", "float16"),
                     help="vLLM's mamba_ssm_cache_dtype for every mode (default: the platform decides)")
+    ap.add_argument("--kv", default=None,
+                    help="comma list of vLLM kv_cache_dtype values, each a set of rows (default: auto on "
+                         f"the CPU; {GPU_DEFAULTS['kv']} on a GPU)")
+    ap.add_argument("--graphs", default=None, choices=tuple(GRAPH_MODES),
+                    help=f"CUDA graph mode (default: eager on the CPU; {GPU_DEFAULTS['graphs']} on a GPU)")
+    ap.add_argument("--dims", default=None, choices=tuple(DIMS),
+                    help="kit model head sizes (default: cpu on the CPU, gpu (attention 256, linear 128) on a GPU)")
     ap.add_argument("--json", help="also write the rows to this JSON file")
     return ap
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    configs = parse_modes(FULL_MODES if args.full else args.modes, args.ssm_cache_dtype)
+    defaults = GPU_DEFAULTS if accelerator() == "cuda" else CPU_DEFAULTS
+    kv, graphs, dims = (getattr(args, n) or defaults[n] for n in ("kv", "graphs", "dims"))
+    configs = parse_modes(FULL_MODES if args.full else args.modes, args.ssm_cache_dtype, kv, graphs)
     settings = EngineSettings(max_tokens=args.max_tokens, max_num_seqs=args.max_num_seqs,
                               max_num_batched_tokens=args.max_num_batched_tokens)
     try:
@@ -165,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
             targets = [(cfg.get("model_type", "model"), Path(args.model_dir))]
         else:
             kinds = [k.strip() for k in args.kinds.split(",") if k.strip()]
-            targets = [(k, make_tiny_model(k, work / k, seed=args.seed)) for k in kinds]
+            targets = [(k, make_tiny_model(k, work / k, seed=args.seed, dims=dims)) for k in kinds]
         for kind, path in targets:
             rows += audit_kind(kind, path, configs, settings, args.margin, env)
     print(format_table(rows, args.margin))

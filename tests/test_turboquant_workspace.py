@@ -1,0 +1,141 @@
+"""``turboquant.reserve_workspace`` (``wiring/turboquant_workspace.py``) against vLLM's own code.
+
+* vLLM 0.23.0 (its venv, ``scripts/old_vllm_venv.sh``), run as a script (``--old-side``): its
+  real ``WorkspaceManager`` on the CPU. Locked after what profiling saw, it refuses the
+  largest decode request of the TurboQuant backend ("Workspace is locked": issue 22's
+  crash); with the group's reservation the same request after the lock is served. The group
+  applies there, on the builder's ``__init__``.
+* vLLM 0.32 (this venv): upstream reserves itself, the group is skipped as not needed, and
+  what it would reserve covers every request upstream's own ``_reserve_workspace`` makes.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import types
+
+NS = types.SimpleNamespace
+
+
+def fake_config(max_num_seqs=8, capture=(1, 2, 4, 16), max_model_len=4096, batched=2048, dtype=None):
+    import torch
+
+    model = NS(get_num_attention_heads=lambda par: 16, get_head_size=lambda: 256, dtype=dtype or torch.bfloat16,
+               max_model_len=max_model_len)
+    return NS(scheduler_config=NS(max_num_seqs=max_num_seqs, enable_chunked_prefill=True,
+                                  max_num_batched_tokens=batched),
+              model_config=model, parallel_config=NS(), compilation_config=NS(cudagraph_capture_sizes=list(capture)),
+              attention_config=NS(tq_max_kv_splits_for_cuda_graph=32))
+
+
+SPEC = dict(num_kv_heads=2, block_size=16, head_size=200)  # head_size: the packed slot's half, as 0.23 reports it
+
+
+def _old_side() -> dict:  # runs in the old venv
+    import torch
+
+    import vllm
+    from vllm.v1.worker import workspace as W
+
+    from vllm_platform_ext import patching
+    from vllm_platform_ext.report import Report
+    from vllm_platform_ext.wiring import turboquant_workspace as T
+
+    out = {"vllm": vllm.__version__, "skip": T._skip_if()}
+    cfg, spec = fake_config(), NS(**SPEC)
+    # upstream 0.23's _decode_attention request for the largest decode batch (max_num_seqs rows)
+    rows, hq, d, s = 16, 16, 256, 32
+    decode = (((rows, hq, s, d + 1), torch.float32), ((rows, hq, d), torch.bfloat16), ((rows, hq), torch.float32))
+    continuation = (((1, 2, 4096, d), torch.float16), ((1, 2, 4096, d), torch.float16))
+
+    def after_lock(reserve: bool) -> list:
+        W.reset_workspace_manager()
+        W.init_workspace_manager(torch.device("cpu"))
+        W.current_workspace_manager().get_simultaneous(((1, hq, s, d + 1), torch.float32))  # what profiling saw
+        if reserve:
+            out["reserved_bytes"] = T.reserve_workspace(cfg, spec)
+        W.lock_workspace()
+        res = []
+        for req in (decode, continuation):
+            try:
+                W.current_workspace_manager().get_simultaneous(*req)
+                res.append("ok")
+            except AssertionError as exc:
+                res.append(str(exc)[:120])
+        return res
+
+    out["without"] = after_lock(False)
+    out["with"] = after_lock(True)
+    report = Report()
+    (group,) = T.GROUPS
+    out["applied"] = patching.apply_group(group, report)
+    out["targets"] = patching.applied_targets(group.name)
+    patching.restore(group.name)
+    return out
+
+
+if __name__ == "__main__" and sys.argv[1:] == ["--old-side"]:
+    print("OLD-SIDE-JSON " + json.dumps(_old_side()))
+    sys.exit(0)
+
+# ---------------------------------------------------------------------------------------------
+import pytest  # noqa: E402
+
+from conftest import REPO, old_vllm_python  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def old():
+    py = old_vllm_python()
+    if not os.path.exists(py):
+        pytest.fail(f"old-vLLM venv missing ({py}): run `bash scripts/old_vllm_venv.sh` (setup step)")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([REPO, os.path.join(REPO, "tests")]), VLLM_PLUGINS="",
+               CUDA_VISIBLE_DEVICES="")
+    proc = subprocess.run([py, os.path.abspath(__file__), "--old-side"], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=600)
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("OLD-SIDE-JSON ")]
+    assert proc.returncode == 0 and lines, f"old side failed (rc {proc.returncode}):\n{proc.stdout[-4000:]}\n{proc.stderr[-6000:]}"
+    return json.loads(lines[-1][len("OLD-SIDE-JSON "):])
+
+
+def test_locked_workspace_refuses_the_largest_decode_without_the_reservation(old):
+    assert old["vllm"].startswith("0.23")
+    assert all("Workspace is locked" in r for r in old["without"]), old["without"]
+
+
+def test_reservation_serves_every_later_request(old):
+    assert old["with"] == ["ok", "ok"]
+    assert old["reserved_bytes"] > 0
+
+
+def test_group_applies_on_the_old_builder(old):
+    assert old["skip"] is None and old["applied"] is True
+    assert old["targets"] == ["vllm.v1.attention.backends.turboquant_attn:TurboQuantMetadataBuilder.__init__"]
+
+
+def test_not_needed_where_upstream_reserves_and_never_less_than_upstream(monkeypatch):
+    import torch
+    from vllm.v1.attention.backends import turboquant_attn as tq
+
+    from vllm_platform_ext.wiring import turboquant_workspace as T
+
+    assert T._skip_if().startswith("not needed")
+    assert T.backend_patches(tq.TurboQuantAttentionBackend) == []
+    cfg = fake_config()
+    seen = []
+    monkeypatch.setattr(tq, "is_workspace_manager_initialized", lambda: True)
+    monkeypatch.setattr(tq, "current_workspace_manager", lambda: NS(get_simultaneous=lambda *r: seen.append(r)))
+    # upstream's reservation for a spec with the real head size (what 0.32 reports)
+    tq.TurboQuantMetadataBuilder._reserve_workspace(NS(vllm_config=cfg, kv_cache_spec=NS(**{**SPEC, "head_size": 256})))
+    ours = T.workspace_requests(cfg, NS(**SPEC))
+    assert len(seen) == len(ours) == 2
+
+    def nbytes(req):
+        return sum(T._nbytes(s, d) for s, d in req)
+
+    for up, me in zip(seen, ours):
+        assert nbytes(me) >= nbytes(up), (up, me)
+    assert ours[0][0][0][0] == 16  # rows: the largest capture size beats max_num_seqs = 8
+    assert ours[0][1][1] is torch.bfloat16
