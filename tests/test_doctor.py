@@ -37,6 +37,23 @@ def test_doctor_json_sections():
         assert tq[preset][0] == "v2" or tq[preset][1] == "no CUDA device in this process"
 
 
+def test_every_patch_group_declares_why_upstream_and_retirement():
+    """The ledger doctor prints: every group the bootstrap applies (wiring and quant) says why it
+    exists, where upstream stands and what retires it, and the bootstrap reports each of them."""
+    proc = _doctor("--json")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    info = json.loads(proc.stdout[proc.stdout.index("{"):])
+    ledger = {g["name"]: g for g in info["patch_groups"]}
+    assert set(ledger) == {"gdn.cpu_spec_decode", "gdn.cuda_zero_draft_spec_rows", "turboquant_spec_verify",
+                           "turboquant.reserve_workspace", "moe.disable_inplace_default"}
+    for g in ledger.values():
+        assert len(g["why"]) > 40 and len(g["upstream"]) > 20 and len(g["retire"]) > 20, g
+    reported = {e["name"] for e in info["bootstrap"]["entries"] if e["step"] == "patch"}
+    assert set(ledger) <= reported
+    text = _doctor().stdout
+    assert "== patch groups: why / upstream / retired by" in text and "retire:   probe:" in text
+
+
 def test_doctor_text_and_disabled_patch_shows_reason():
     proc = _doctor(env={"VLLM_PLATFORM_EXT_DISABLE": "gdn.cpu_spec_decode"})
     assert proc.returncode == 0, proc.stderr[-3000:]

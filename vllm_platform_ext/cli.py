@@ -48,6 +48,7 @@ def collect() -> dict:
         "python": sys.version.split()[0],
     }
     info["entry_points"] = _our_entry_points()
+    info["patch_groups"] = _patch_ledger()
     try:
         from vllm.platforms import current_platform
         from vllm.plugins import load_general_plugins
@@ -140,6 +141,14 @@ def _optional_sections() -> dict:
     return out
 
 
+def _patch_ledger() -> list[dict]:
+    """Every patch group: why it exists, its upstream status, what retires it."""
+    from vllm_platform_ext import quant, wiring
+
+    return [{"name": g.name, "why": g.why, "upstream": g.upstream, "retire": g.retire}
+            for g in (*wiring.groups(), *quant.groups())]
+
+
 def _print_doctor(info: dict) -> None:
     def section(title):
         print(f"\n== {title}")
@@ -161,6 +170,10 @@ def _print_doctor(info: dict) -> None:
             + info["bootstrap"]["summary"])
     for e in info["bootstrap"]["entries"]:
         print(f"  [{e['status']:7}] {e['step']:7} {e['name']:40} {e['detail']}")
+    section("patch groups: why / upstream / retired by")
+    for g in info["patch_groups"]:
+        print(f"  {g['name']}\n      why:      {g['why']}\n      upstream: {g['upstream']}\n"
+              f"      retire:   {g['retire']}")
     section("fix targets (live: the classes vLLM's registries hold now)")
     for fix, cls, state in info["fix_targets"]:
         print(f"  {fix:24} {cls:60} {state}")

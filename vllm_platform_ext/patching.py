@@ -66,12 +66,16 @@ class PatchGroup:
 
     ``build`` is called at apply time (it may import vLLM); ``skip_if`` returns a reason
     when the group is not needed on this vLLM (e.g. upstream already has the fix).
+    ``upstream`` names the upstream issue/PR and its status; ``retire`` says which probe (or
+    which upstream change) retires the group. ``doctor`` prints all three for every group.
     """
 
     name: str
     why: str
     build: Callable[[], Sequence[Patch]]
     skip_if: Callable[[], str | None] = lambda: None
+    upstream: str = ""
+    retire: str = ""
 
 
 @dataclass

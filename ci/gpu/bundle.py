@@ -27,7 +27,6 @@ import copy
 import hashlib
 import io
 import json
-import os
 import re
 import shutil
 import subprocess

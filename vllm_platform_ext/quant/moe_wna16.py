@@ -188,6 +188,9 @@ GROUPS = [
             "for an absent field; retired where the field exists or vLLM-metax stops reading it (v0.25, #326)",
         build=lambda: [Patch(f"{FUSED_MOE_CONFIG}.disable_inplace", lambda _: False, add_missing=True)],
         skip_if=_disable_inplace_skip,
+        upstream="vLLM-metax PR #294 (unmerged); vLLM dropped the field in 0.23",
+        retire="probe: FusedMoEConfig has disable_inplace -> skipped as not needed; or vLLM-metax stops "
+               "reading it (its v0.25 line, #326)",
     )
 ]
 

@@ -238,6 +238,11 @@ def engine_path(llm) -> dict:
         out["conv_state_layout"] = get_conv_state_layout()
     except Exception as exc:  # a field moved: say so instead of failing the run
         out["error"] = f"{type(exc).__name__}: {exc}"
+    try:  # what vLLM allocated for the KV cache (blocks x block size), as its start-up log reports
+        cache = llm.llm_engine.vllm_config.cache_config
+        out["kv_capacity_tokens"] = int(cache.num_gpu_blocks) * int(cache.block_size)
+    except Exception as exc:
+        out["kv_capacity_error"] = f"{type(exc).__name__}: {exc}"
     return out
 
 

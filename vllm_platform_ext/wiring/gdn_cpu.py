@@ -107,5 +107,10 @@ GROUPS = [
         "num_spec+1 (ngram, zero-draft, mixed batches); replaced by the plugin's GDN ops",
         build=lambda: [Patch(TARGET, lambda original: spec_aware_core)],
         skip_if=_skip_if,
+        upstream="not reported upstream; the same code is in vLLM 0.32.0 and 0.33.0 "
+                 "(model_executor/layers/mamba/ops/cpu/gdn_attention.py)",
+        retire="when vLLM's CPU GDN spec path is right on its own: the patch-off engine audit "
+               "(tests/test_gdn_engine_audit.py::test_audit_fails_ngram_with_gdn_patch_off) passes; "
+               "skipped where the CPU GDN module is absent",
     )
 ]

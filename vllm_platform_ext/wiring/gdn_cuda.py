@@ -312,6 +312,11 @@ def groups() -> list[PatchGroup]:
             why="zero-draft decode rows read the accepted SSM slot / conv offset (spec path), vllm#39273",
             build=_patches,
             skip_if=skip_reason,
+            upstream="vllm#39273 / PR #40738 (seeds/000); vLLM 0.32 runs such rows on the spec path itself "
+                     "(runner zero_draft_decode_mask, builder '>= 0' spec mask); the layer's spec-token gates: "
+                     "PR #51812",
+            retire="probe: the runner's zero_draft_decode_mask and the builder's '>= 0' spec mask present "
+                   "and no all-zero-draft sum gate -> skipped as not needed (vLLM 0.32+)",
         )
     ]
 

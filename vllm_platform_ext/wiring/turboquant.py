@@ -256,5 +256,10 @@ GROUPS: list[PatchGroup] = [
             "the per-request CPU loop (degenerate output under FULL CUDA graphs, vLLM #40880/#53180)",
         build=_build,
         skip_if=_skip_if,
+        upstream="vLLM #40880 / #53180, open through vLLM 0.33; the B*(K+1) routing of PR #40914 "
+                 "is not merged",
+        retire="no upstream form yet: retire once vLLM's TurboQuant builder serves uniform K+1 verify "
+               "batches itself (supports_spec_as_decode=True with a graph-capturable kernel) and "
+               "the float32 audit passes with the group disabled",
     )
 ]
