@@ -122,6 +122,7 @@ def test_lock_entry_is_complete_for_its_vllm_wheel(key):
             problems.append(f"{name} {carried[name]['version']} does not satisfy {line}")
     assert not problems, "\n".join(problems)
     assert set(entry["on_machine"]) == {"torch", "triton"}
+    assert set(entry["extra"]) <= set(carried) and "pytest" in carried  # run.sh runs the suite with it
     assert not set(carried) & {"torch", "triton", "torchaudio", "flashinfer-python"}
 
 

@@ -9,7 +9,8 @@ machine (this one)::
     python ci/gpu/bundle.py build --vllm 0.23.0 --python 3.12   # -> .carry/gpu-0.23.0-py3.12/
 
 ``build`` downloads exactly the locked files (sha256 checked), strips the vLLM wheel of what
-the suite never loads (:data:`STRIP`), adds this project's tree (``git archive HEAD``),
+the suite never loads (:data:`STRIP`), adds this project's committed tree (``git archive HEAD``,
+as a wheel to install and as a tree for the tests and benchmarks),
 packs everything into one tar.xz cut into parts of at most :data:`PART_MIB` MiB, and writes
 ``manifest.json`` + ``SHA256SUMS`` + ``unpack.sh`` beside them. Carry ``unpack.sh``,
 ``SHA256SUMS`` and the parts; ``bash unpack.sh`` there checks, joins and unpacks them and
@@ -63,6 +64,9 @@ NOT_CARRIED = {
     "fastsafetensors": "GPU-direct weight loading (load_format=fastsafetensors)",
     "nvtx": "profiling ranges",
 }
+
+# Carried beside vLLM's own closure: what run.sh needs that vLLM does not (the suite is pytest).
+EXTRA = ("pytest",)
 
 # Paths inside the vLLM wheel the suite never loads (prefixes), with the reason.
 STRIP = {
@@ -208,7 +212,7 @@ def resolve(version: str, python: str) -> dict:
         report = tmp / "report.json"
         pip("install", "--dry-run", "--ignore-installed", "-q", "--report", str(report),
             "--target", str(tmp / "t"), "--find-links", str(tmp / "stubs"),
-            "-c", str(tmp / "constraints.txt"), *target_flags(python), str(wheel),
+            "-c", str(tmp / "constraints.txt"), *target_flags(python), str(wheel), *EXTRA,
             python=interpreter(python))
         data = json.loads(report.read_text())
     wheels = []
@@ -224,7 +228,7 @@ def resolve(version: str, python: str) -> dict:
     wheels.sort(key=lambda w: w["name"])
     return {"vllm": {"version": version, "file": wheel.name, "sha256": sha256(wheel)},
             "python": python, "platforms": "manylinux x86_64, glibc <= 2.35",
-            "on_machine": ON_MACHINE,
+            "on_machine": ON_MACHINE, "extra": list(EXTRA),
             "not_carried": {n: NOT_CARRIED[n] for n in sorted(stubs) if n in NOT_CARRIED},
             "stripped": STRIP, "wheels": wheels}
 
@@ -281,13 +285,27 @@ echo "  bash $dest/project/ci/gpu/run.sh --wheels $dest/wheels --suite core"
 """
 
 
+def _head_archive(prefix: str) -> bytes:
+    return subprocess.run(["git", "-C", str(REPO), "archive", "--format=tar", f"--prefix={prefix}", "HEAD"],
+                          check=True, capture_output=True).stdout
+
+
 def project_tar(tar: tarfile.TarFile) -> None:
     """This project's committed tree (``git archive HEAD``) under ``project/``."""
-    data = subprocess.run(["git", "-C", str(REPO), "archive", "--format=tar", "--prefix=project/", "HEAD"],
-                          check=True, capture_output=True).stdout
-    with tarfile.open(fileobj=io.BytesIO(data)) as src:
+    with tarfile.open(fileobj=io.BytesIO(_head_archive("project/"))) as src:
         for m in src.getmembers():
             tar.addfile(m, src.extractfile(m) if m.isfile() else None)
+
+
+def project_wheel(out_dir: Path) -> Path:
+    """A wheel of the committed tree: installs offline with ``--no-deps`` and no build backend on
+    the GPU machine, and carries the entry points through which vLLM loads the plugin."""
+    with tempfile.TemporaryDirectory() as tmp:
+        with tarfile.open(fileobj=io.BytesIO(_head_archive("src/"))) as src:
+            src.extractall(tmp, filter="data")
+        pip("wheel", "--no-deps", "-q", "-w", str(out_dir), str(Path(tmp) / "src"))
+    (wheel,) = out_dir.glob("vllm_platform_ext-*.whl")
+    return wheel
 
 
 def pack(out: Path, wheels: list[Path], name: str, level: int = 6, project: bool = True,
@@ -345,10 +363,12 @@ def cmd_build(args) -> int:
         raise SystemExit("download is missing locked wheels")
     stripped = out / "dl" / wheel.name
     removed = strip_wheel(wheel, stripped)
+    project_wheel(out / "dl")
     name = f"gpu-bundle-vllm-{args.vllm}-py{args.python}"
-    parts = pack(out, sorted((out / "dl").iterdir()), name, args.level)
+    files = sorted((out / "dl").iterdir())
+    parts = pack(out, files, name, args.level)
     shutil.rmtree(out / "dl")
-    manifest = {"key": key, "lock": entry, "carried": [w["name"] for w in carried],
+    manifest = {"key": key, "lock": entry, "files": [f.name for f in files], "carried": [w["name"] for w in carried],
                 "already_on_machine": sorted(set(w["name"] for w in entry["wheels"]) - set(
                     w["name"] for w in carried)),
                 "stripped_members": len(removed),
@@ -357,8 +377,8 @@ def cmd_build(args) -> int:
                                                  capture_output=True, text=True).stdout.strip()}
     (out / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
     total = sum(p.stat().st_size for p in parts)
-    print(f"{out}: {len(parts)} parts, {total / 2**20:.0f} MiB, {len(carried) + 1} wheels "
-          f"(vLLM wheel stripped of {len(removed)} files)")
+    print(f"{out}: {len(parts)} parts, {total / 2**20:.0f} MiB, {len(files)} wheels: vLLM (stripped of "
+          f"{len(removed)} files), {len(carried)} locked, this project's")
     return 0
 
 

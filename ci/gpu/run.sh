@@ -26,10 +26,13 @@ out="${out:-$(dirname "$project")/gpu-results}"
 venv="$(dirname "$project")/venv"
 py="${PYTHON:-python3}"
 
-if [ ! -x "$venv/bin/python" ]; then
+if [ ! -f "$venv/.installed" ]; then
+  rm -rf "$venv"
   "$py" -m venv --system-site-packages "$venv"   # the machine's torch 2.11 / triton 3.6 stay visible
+  # every locked wheel, the stripped vLLM wheel and this project's wheel (its entry points are how
+  # vLLM finds the plugin), exactly as carried: no index, no resolution
   "$venv/bin/python" -m pip install -q --no-index --no-deps "$wheels"/*.whl
-  "$venv/bin/python" -m pip install -q --no-index --no-deps --no-build-isolation -e "$project"
+  touch "$venv/.installed"
 fi
 "$venv/bin/python" - <<'EOF'
 import torch, vllm, vllm_platform_ext
