@@ -140,8 +140,9 @@ def run_load(model: str, serve_args: list[str], log_path: str, n: int = 64, canc
     proc, port = start_server(model, serve_args, log_path, env)
     try:
         def one(i):
+            # special tokens kept in the text, so every generated id maps back (kit ids <-> chars)
             body = {"model": "tiny", "prompt": prompts[i], "max_tokens": max_tokens, "temperature": 0,
-                    "ignore_eos": True}
+                    "ignore_eos": True, "skip_special_tokens": False, "spaces_between_special_tokens": False}
             cancel = 2 + i % 3 if cancel_every and i % cancel_every == cancel_every - 1 else None
             try:
                 return i, _stream(port, body, cancel, timeout), None
