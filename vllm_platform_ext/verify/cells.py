@@ -26,7 +26,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from vllm_platform_ext.verify.audit import MARGIN, Reference, passes
-from vllm_platform_ext.verify.engine import EngineConfig, EngineSettings, run_in_subprocess
+from vllm_platform_ext.verify.engine import EngineConfig, EngineRun, EngineSettings, run_in_subprocess
 from vllm_platform_ext.verify.prompts import default_prompts
 from vllm_platform_ext.verify.tiny_models import make_tiny_model
 
@@ -100,10 +100,6 @@ class CellResult:
     versions: dict = field(default_factory=dict)
     date: str = ""
 
-    @property
-    def acceptance(self) -> float:
-        return self.accepted / self.draft_tokens if self.draft_tokens else 0.0
-
 
 def versions() -> dict:
     from importlib import metadata
@@ -149,8 +145,6 @@ def run_cells(cells: list[Cell], work: Path, settings: EngineSettings, parallel:
             run = run_in_subprocess(str(models[cell.model]), prompts, [cell.engine_config()], settings,
                                     env=cell.env(), timeout=timeout)[0]
         except Exception as exc:  # the engine process itself died (e.g. a CUDA fault aborted it)
-            from vllm_platform_ext.verify.engine import EngineRun
-
             run = EngineRun(mode=cell.mode, k=cell.k, error=f"{type(exc).__name__}: {exc}")
         log(f"[cells] {cell.id}: {'ERROR' if run.error else 'ran'} in {time.perf_counter() - t0:.0f}s")
         return run
