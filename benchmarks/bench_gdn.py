@@ -23,7 +23,6 @@ import json
 import os
 import statistics
 import sys
-import time
 
 import torch
 
@@ -31,7 +30,12 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from vllm_platform_ext.ops.gdn import reference as R  # noqa: E402
+
+from bench_common import eager_ms, graph_ms, run_header, write_result  # noqa: E402
+
+from vllm_platform_ext.ops.gdn import cases as GC  # noqa: E402
+
+from vllm_platform_ext.ops.gdn import harness as GH  # noqa: E402
 from vllm_platform_ext.ops.gdn import triton_ops as X  # noqa: E402
 
 H, HV, K, V, W = 16, 32, 128, 128, 4
@@ -45,6 +49,14 @@ def _vllm():
     return vllm_adapter
 
 
+def _vllm_version() -> str | None:
+    """Version of the vLLM whose GDN kernels were carried (vllm_gdn_carry.py), if they are here."""
+    try:
+        return _vllm().VLLM_VERSION
+    except Exception:  # noqa: BLE001 - not carried yet: the header says so
+        return None
+
+
 # ------------------------------------------------------------------------------------------- xcheck
 
 
@@ -52,23 +64,23 @@ def xcheck() -> dict:
     VA = _vllm()
     out = {"vllm_version": VA.VLLM_VERSION, "cases": {}}
     cases = {
-        "conv-update-spec": R.make_conv_update_case(1, num_spec=3, lengths=[4, 1, 3, 2, 4], accepted=[4, 1, 2, 3, 1],
+        "conv-update-spec": GC.make_conv_update_case(1, num_spec=3, lengths=[4, 1, 3, 2, 4], accepted=[4, 1, 2, 3, 1],
                                                     width=4, dim=256, transposed=True),
-        "conv-update-spec-k5": R.make_conv_update_case(2, num_spec=5, lengths=[6, 1, 6], accepted=[6, 3, 1], width=4,
+        "conv-update-spec-k5": GC.make_conv_update_case(2, num_spec=5, lengths=[6, 1, 6], accepted=[6, 3, 1], width=4,
                                                        dim=64, transposed=True),
-        "conv-update-plain": R.make_conv_update_case(3, num_spec=3, spec=False, lengths=[1, 1, 1], width=4, dim=64),
-        "conv-prefill": R.make_conv_prefill_case(4, lengths=[37, 5, 2, 90], width=4, dim=128, extra_state=3,
+        "conv-update-plain": GC.make_conv_update_case(3, num_spec=3, spec=False, lengths=[1, 1, 1], width=4, dim=64),
+        "conv-prefill": GC.make_conv_prefill_case(4, lengths=[37, 5, 2, 90], width=4, dim=128, extra_state=3,
                                                  init=[True, False, True, True], transposed=True),
-        "rec-spec": R.make_recurrent_case(5, num_spec=3, lengths=[4, 1, 2, 4], accepted=[1, 4, 2, 3], H=1, HV=2,
+        "rec-spec": GC.make_recurrent_case(5, num_spec=3, lengths=[4, 1, 2, 4], accepted=[1, 4, 2, 3], H=1, HV=2,
                                           K=128, V=128),
-        "rec-plain-decode": R.make_recurrent_case(6, spec=False, lengths=[1, 1], init=[True, True], H=2, HV=4, K=32,
+        "rec-plain-decode": GC.make_recurrent_case(6, spec=False, lengths=[1, 1], init=[True, True], H=2, HV=4, K=32,
                                                   V=32),
     }
     for name, case in cases.items():
         for dt in (torch.float32, torch.bfloat16):
             try:
-                res = R.run_and_compare(VA.OPS, case, dt, DEV)
-                R.assert_close(res, dt)
+                res = GH.run_and_compare(VA.OPS, case, dt, DEV)
+                GH.assert_close(res, dt)
                 out["cases"][f"{name}|{dt}"] = {"ok": True, "out_err": res["out"]["max_abs"],
                                                  "state_err": res["state"]["max_abs"]}
             except Exception as exc:  # noqa: BLE001
@@ -76,8 +88,8 @@ def xcheck() -> dict:
     for name in ("rec-spec",):
         for dt in (torch.float32, torch.bfloat16):
             try:
-                res = R.fused_gating_compare(VA.fused_gating_recurrent_gated_delta_rule, cases[name], dt, DEV)
-                R.assert_close(res, dt)
+                res = GH.fused_gating_compare(VA.fused_gating_recurrent_gated_delta_rule, cases[name], dt, DEV)
+                GH.assert_close(res, dt)
                 out["cases"][f"{name}-sigmoid-gating|{dt}"] = {"ok": True, "out_err": res["out"]["max_abs"]}
             except Exception as exc:  # noqa: BLE001
                 out["cases"][f"{name}-sigmoid-gating|{dt}"] = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
@@ -110,11 +122,8 @@ def _problem(B: int, k: int, seed: int = 0, dev="cuda", dt=torch.bfloat16):
 
 
 def _bench(fn) -> float:
-    import triton
-
-    fn()
-    torch.cuda.synchronize()
-    return float(triton.testing.do_bench_cudagraph(fn, rep=30, return_mode="median")) * 1e3  # us
+    """CUDA-graph median in us (bench_common.graph_ms)."""
+    return graph_ms(fn) * 1e3
 
 
 def bench(batches=(1, 8, 64), ks=(1, 3, 5)) -> dict:
@@ -270,9 +279,8 @@ def sweep(batches=(1, 2, 4, 8, 16, 64), ks=(1, 3)) -> list:
 
 
 def _bench_eager(fn) -> float:
-    import triton
-
-    return float(triton.testing.do_bench(fn, warmup=10, rep=50, return_mode="median")) * 1e3
+    """Eager median in us, host time included (bench_common.eager_ms)."""
+    return eager_ms(fn) * 1e3
 
 
 def markdown(res: dict) -> str:
@@ -296,12 +304,12 @@ SAN_DT = torch.bfloat16 if DEV == "cuda" else torch.float32
 
 def sanitize() -> dict:
     done = {}
-    cases = R.standard_cases()
+    cases = GC.standard_cases()
     for name in ("update-mixed-q", "update-null-slots", "update-plain-decode", "prefill-long-rows",
                  "prefill-null-slot", "rec-mixed-q", "rec-null-read-slot", "rec-null-write-column",
                  "rec-plain-prefill", "rec-wide-v", "gating-random-0"):
-        res = R.run_and_compare(X, cases[name], SAN_DT, DEV)
-        R.assert_close(res, SAN_DT)
+        res = GH.run_and_compare(X, cases[name], SAN_DT, DEV)
+        GH.assert_close(res, SAN_DT)
         done[name] = "ok"
     # CUDA-graph-style padding: tokens beyond query_start_loc[-1], an out-of-range slot with
     # validation off (must be skipped, not read)
@@ -330,8 +338,7 @@ def main() -> int:
     ap.add_argument("--batches", default="1,8,64")
     ap.add_argument("--ks", default="1,3,5")
     a = ap.parse_args()
-    res: dict = {"device": torch.cuda.get_device_name() if DEV == "cuda" else DEV, "torch": torch.__version__,
-                 "triton": __import__("triton").__version__, "time": time.strftime("%Y-%m-%d %H:%M:%S")}
+    res: dict = {"header": run_header(vllm_kernels=_vllm_version())}
     if a.sanitize:
         res["sanitize"] = sanitize()
         print(json.dumps(res["sanitize"]))
@@ -350,8 +357,8 @@ def main() -> int:
         with open(os.path.join(a.out, "bench_gdn_sweep.json" if a.sweep and not a.bench else "bench_gdn.json"), "w") as f:
             json.dump(res, f, indent=1)
         if "markdown" in res:
-            with open(os.path.join(a.out, "bench_gdn.md"), "w") as f:
-                f.write(res["markdown"] + "\n")
+            write_result(os.path.join(a.out, "bench_gdn.md"), "GDN spec-decode kernels: ours vs vLLM's own",
+                         res["header"], res["markdown"], res["bench"])
     return 0
 
 

@@ -12,7 +12,7 @@ vLLM's Triton files come from ``VLLM_TQ_SRC`` (copies from the wheel) or an inst
     python benchmarks/bench_turboquant.py [--quick] [--out results.md]
 
 The cache uses vLLM 0.32's page layout (LBNHC: ``[block, position, kv head, slot]``). Launch
-configs are the shipped per-preset table (``triton_verify.V2_LAUNCH_DEFAULTS``); sweeps that
+configs are the shipped per-preset tables (``launch_policy``); sweeps that
 chose it: ``benchmarks/profile_turboquant.py sweep``.
 """
 from __future__ import annotations
@@ -24,25 +24,18 @@ import sys
 import time
 
 import torch
-import triton
-from triton.testing import do_bench, do_bench_cudagraph
+
+from bench_common import copy_bandwidth, eager_ms, graph_ms, run_header, write_result
 
 from vllm_platform_ext.ops.turboquant import layout as L
 from vllm_platform_ext.ops.turboquant import triton_verify as TV
+from vllm_platform_ext.ops.turboquant import launch_policy as LP
 from vllm_platform_ext.ops.turboquant import upstream_kernels
 
 D = 256
 PAGE = 16
 FULL = ["turboquant_k8v4", "turboquant_3bit_nc"]
 PARTIAL = ["turboquant_4bit_nc", "turboquant_k3v4_nc"]
-
-
-def copy_bandwidth() -> float:
-    x = torch.empty(2 << 30, dtype=torch.uint8, device="cuda")
-    y = torch.empty_like(x)
-    t = do_bench(lambda: y.copy_(x), warmup=10, rep=50, return_mode="median")
-    del x, y
-    return 2 * (2 << 30) / (t * 1e-3)
 
 
 def build_cache(preset: str, hk: int, ctx: int, bmax: int, gen: torch.Generator, layout: str = "vllm"):
@@ -84,8 +77,7 @@ def bench_case(up, lay, view, bt_all, ctx, b, k, hq, hk, bw, ws, arange_cache):
 
     ours = lambda: TV.turboquant_verify_attention(  # noqa: E731
         q, view, bt, sl, k1, preset=preset, scale=scale, centroids=cent, PiT=H, workspace=ws, out=out)
-    ours()
-    t_ours = do_bench_cudagraph(ours, rep=30, return_mode="median")
+    t_ours = graph_ms(ours)
     nbytes = b * ctx * hk * lay.slot_size
 
     offs = torch.arange(k1, device="cuda", dtype=torch.int32)
@@ -99,8 +91,7 @@ def bench_case(up, lay, view, bt_all, ctx, b, k, hq, hk, bw, ws, arange_cache):
                   value_quant_bits=lay.value_bits, key_fp8=lay.key_fp8, norm_correction=lay.norm_correction, PiT=H)
     route_b = lambda: up.decode.triton_turboquant_decode_attention(  # noqa: E731
         q, view, synth_bt, synth_sl, mid_o_buf=mid, output_buf=obuf, lse_buf=lbuf, max_num_kv_splits=S, **common)
-    route_b()
-    t_b = do_bench_cudagraph(route_b, rep=30, return_mode="median")
+    t_b = graph_ms(route_b)
     err = ((out.float() - obuf.float()).abs().max() / obuf.float().abs().max().clamp_min(1e-6)).item()
 
     t_a = None
@@ -111,7 +102,7 @@ def bench_case(up, lay, view, bt_all, ctx, b, k, hq, hk, bw, ws, arange_cache):
                     q[i * k1 : (i + 1) * k1], view, bt[i : i + 1].expand(k1, -1),
                     arange_cache[ctx - k1 + 1 : ctx + 1], **common)
         route_a()
-        t_a = do_bench(route_a, warmup=1, rep=25, return_mode="median")
+        t_a = eager_ms(route_a, warmup=1, rep=25)
     return {
         "preset": preset.replace("turboquant_", ""), "heads": f"{hq}/{hk}", "ctx": ctx, "B": b, "K": k,
         "ours_ms": t_ours, "a_ms": t_a, "b_ms": t_b,
@@ -173,13 +164,13 @@ def main() -> None:
     table = fmt(rows)
     print(table)
     if args.out:
-        with open(args.out, "w") as f:
-            f.write(f"device: {torch.cuda.get_device_name()}, copy bandwidth {bw / 1e12:.2f} TB/s, "
-                    f"torch {torch.__version__}, triton {triton.__version__}, v2 launch table {json.dumps(TV.V2_LAUNCH_DEFAULTS)}, shape rules {json.dumps(TV.V2_SHAPE_RULES)}, "
-                    f"Gluon kernel (k8v4, SM >= 8.9) {json.dumps(TV.GLUON_LAUNCH_DEFAULTS) if TV.USE_GLUON else 'off'}, "
-                    f"rules {json.dumps(TV.GLUON_SHAPE_RULES)}\n\n{table}\n")
-        with open(os.path.splitext(args.out)[0] + ".json", "w") as f:
-            json.dump({"bw": bw, "rows": rows}, f)
+        head = run_header(copy_bandwidth=f"{bw / 1e12:.2f} TB/s",
+                          vllm_kernels=os.environ.get("VLLM_TQ_SRC") or "the installed vLLM")
+        settings = (f"v2 launch table {json.dumps(LP.V2_LAUNCH_DEFAULTS)}, shape rules {json.dumps(LP.V2_SHAPE_RULES)}, "
+                    f"Gluon {json.dumps(LP.GLUON_LAUNCH_DEFAULTS) if LP.USE_GLUON else 'off'}, "
+                    f"rules {json.dumps(LP.GLUON_SHAPE_RULES)}")
+        write_result(args.out, "TurboQuant K+1 verify attention: ours vs vLLM's kernels", head,
+                     f"{table}\n\n## Launch settings of this run\n\n{settings}\n", {"bw": bw, "rows": rows})
 
 
 if __name__ == "__main__":

@@ -46,6 +46,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "benchmarks"))
+from bench_common import header_markdown, run_header, write_result  # noqa: E402
 
 TOKENS_PER_VERIFY_STEP = (1.0, 2.0, 2.5, 3.0, 4.0)
 
@@ -263,11 +265,12 @@ def main(argv=None) -> int:
                         if "error" not in row or s is tries[-1]:
                             rows.append(row)
                             break
-    header = (f"e2e, model {a.model}" + (f" ({a.layers} layers, dummy weights)" if a.model != "tiny" else "")
-              + f", {time.strftime('%Y-%m-%d')}, {next((r['device'] for r in rows if r.get('device')), '?')}")
-    (out / "e2e.json").write_text(json.dumps(rows, indent=1))
-    (out / "e2e.md").write_text(markdown(rows, header))
-    print(markdown(rows, header))
+    title = f"End-to-end speculative decoding, model {a.model}" + (
+        f" ({a.layers} layers, dummy weights)" if a.model != "tiny" else "")
+    head = run_header(device=next((r["device"] for r in rows if r.get("device")), None) or "?")
+    body = markdown(rows, "").lstrip("\n")
+    write_result(out / "e2e.md", title, head, body, rows)
+    print(f"# {title}\n\n{header_markdown(head)}\n\n{body}")
     return 0
 
 

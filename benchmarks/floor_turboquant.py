@@ -27,7 +27,8 @@ import json
 import torch
 import triton
 import triton.language as tl
-from triton.testing import do_bench_cudagraph
+
+from bench_common import graph_ms, run_header
 
 HBM_BYTES_PER_S = 4.27e12  # the H200 copy bandwidth
 SLOT_BYTES = {"k8v4": 388, "4bit_nc": 262, "k3v4_nc": 230, "3bit_nc": 198}
@@ -79,7 +80,7 @@ def floor_of(nbytes: int, sms: int) -> tuple[float, str]:
     best = (float("inf"), "")
     for name, fn in _variants(buf, out, sms):
         fn()
-        t = do_bench_cudagraph(fn, rep=20, return_mode="median")
+        t = graph_ms(fn, rep=20)
         best = min(best, (t, name))
     del buf, out
     return best
@@ -99,7 +100,7 @@ def main() -> None:
     ap.add_argument("--bench", default=None, help="bench_turboquant.py's JSON: add ours vs the floor per row")
     args = ap.parse_args()
     x = torch.zeros(1, device="cuda")
-    t0 = do_bench_cudagraph(lambda: _empty[(1,)](x), rep=50, return_mode="median")
+    t0 = graph_ms(lambda: _empty[(1,)](x), rep=50)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     print(f"{torch.cuda.get_device_name()}: empty kernel {t0 * 1e3:.2f} us", flush=True)
     floors = {}
@@ -114,9 +115,11 @@ def main() -> None:
               f"fastest read {t * 1e3:.2f} us ({name}) = {pct:.0f}% of the bound{flag}", flush=True)
     if args.out:
         with open(args.out, "w") as f:
-            json.dump({"empty_us": t0 * 1e3, "floors": {str(k): v for k, v in floors.items()}}, f)
+            json.dump({"header": run_header(), "empty_us": t0 * 1e3,
+                       "floors": {str(k): v for k, v in floors.items()}}, f)
     if args.bench:
-        rows = json.load(open(args.bench))["rows"]
+        bench = json.load(open(args.bench))
+        rows = bench.get("data", bench)["rows"]  # bench_common.write_result's JSON, or an older bare one
         print("\n| preset | heads | ctx | B | K | ours ms | ours % bound | read floor ms | floor % bound | ours / floor |")
         print("|" + "---|" * 10)
         for r in rows:

@@ -22,13 +22,15 @@ import sys
 import tempfile
 
 import torch
-from triton.testing import do_bench_cudagraph
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench_turboquant as BT  # noqa: E402
+from bench_common import copy_bandwidth, graph_ms  # noqa: E402
 
 from vllm_platform_ext.ops.turboquant import layout as L  # noqa: E402
 from vllm_platform_ext.ops.turboquant import triton_verify as TV  # noqa: E402
+from vllm_platform_ext.ops.turboquant import kernels_v2 as KV2  # noqa: E402
+from vllm_platform_ext.ops.turboquant import launch_policy as LP  # noqa: E402
 
 D = 256
 
@@ -36,22 +38,22 @@ D = 256
 def run_case(preset, b, k, cfg, layout="vllm", hq=24, hk=4, ctx=32768, bw=None, cache=None, reps=20):
     gen = torch.Generator().manual_seed(0)
     lay, _, view, bt = cache or BT.build_cache(preset, hk, ctx, b, gen, layout=layout)
-    saved = dict(TV.V2_LAUNCH_DEFAULTS[preset])
-    saved_rules = TV.V2_SHAPE_RULES
-    saved_g = (dict(TV.GLUON_LAUNCH_DEFAULTS), TV.GLUON_SHAPE_RULES, TV.USE_GLUON)
+    saved = dict(LP.V2_LAUNCH_DEFAULTS[preset])
+    saved_rules = LP.V2_SHAPE_RULES
+    saved_g = (dict(LP.GLUON_LAUNCH_DEFAULTS), LP.GLUON_SHAPE_RULES, LP.USE_GLUON)
     cfg = dict(cfg)
     call = {k: cfg.pop(k) for k in ("BLOCK_M", "num_kv_splits") if k in cfg}
     gluon = cfg.pop("GLUON", None)
     keep_rules = cfg.pop("RULES", False)
     if gluon:  # {"GLUON": true, ...}: the Gluon kernel with these settings ("RULES": true: shape rules still apply)
-        TV.GLUON_LAUNCH_DEFAULTS[preset] = {**TV.GLUON_LAUNCH_DEFAULTS.get(preset, {}), **cfg}
+        LP.GLUON_LAUNCH_DEFAULTS[preset] = {**LP.GLUON_LAUNCH_DEFAULTS.get(preset, {}), **cfg}
         if not keep_rules:
-            TV.GLUON_SHAPE_RULES = {}
+            LP.GLUON_SHAPE_RULES = {}
     else:
-        TV.V2_LAUNCH_DEFAULTS[preset] = {**saved, **cfg}
+        LP.V2_LAUNCH_DEFAULTS[preset] = {**saved, **cfg}
     if cfg or call or gluon is not None:  # an explicit config is timed as given; {} times what ships
-        TV.V2_SHAPE_RULES = {}
-        TV.USE_GLUON = bool(gluon)
+        LP.V2_SHAPE_RULES = {}
+        LP.USE_GLUON = bool(gluon)
     try:
         k1 = k + 1
         cent = L.lloyd_max_centroids(D, lay.centroid_bits).cuda()
@@ -63,14 +65,14 @@ def run_case(preset, b, k, cfg, layout="vllm", hq=24, hk=4, ctx=32768, bw=None, 
         f = lambda: TV.turboquant_verify_attention(  # noqa: E731
             q, view, bt[:b], sl, k1, preset=preset, scale=D**-0.5, centroids=cent, PiT=H, out=o, workspace=ws, **call)
         f()
-        t = do_bench_cudagraph(f, rep=reps, return_mode="median") if reps else None
+        t = graph_ms(f, rep=reps) if reps else None
         nbytes = b * ctx * hk * lay.slot_size
         pct = 100 * (nbytes / bw * 1e3) / t if (bw and t) else None
         return t, pct, o.clone()
     finally:
-        TV.V2_LAUNCH_DEFAULTS[preset] = saved
-        TV.V2_SHAPE_RULES = saved_rules
-        TV.GLUON_LAUNCH_DEFAULTS, TV.GLUON_SHAPE_RULES, TV.USE_GLUON = saved_g
+        LP.V2_LAUNCH_DEFAULTS[preset] = saved
+        LP.V2_SHAPE_RULES = saved_rules
+        LP.GLUON_LAUNCH_DEFAULTS, LP.GLUON_SHAPE_RULES, LP.USE_GLUON = saved_g
 
 
 def compiled_kernels(fn):
@@ -134,9 +136,9 @@ def grid_mode(spec, bw, gen, outdir):
             print(line, flush=True)
             lines.append(line)
         for waves in spec.get("waves", []):
-            TV.V2_SPLIT_WAVES, saved = waves, TV.V2_SPLIT_WAVES
+            LP.V2_SPLIT_WAVES, saved = waves, LP.V2_SPLIT_WAVES
             t, pct, _ = run_case(preset, b, k, {}, "vllm", **heads)
-            TV.V2_SPLIT_WAVES = saved
+            LP.V2_SPLIT_WAVES = saved
             line = f"   waves {waves} {t:.4f} ms x{t0 / t:.2f}"
             print(line, flush=True)
             lines.append(line)
@@ -156,7 +158,7 @@ def main() -> None:
         run_case(preset, b, k, cfg, layout, reps=0)
         torch.cuda.synchronize()
         return
-    bw = BT.copy_bandwidth()
+    bw = copy_bandwidth()
     print(f"device {torch.cuda.get_device_name()} bw {bw / 1e12:.2f} TB/s", flush=True)
     gen = torch.Generator().manual_seed(0)
     lines = []
@@ -213,13 +215,13 @@ def main() -> None:
             t, pct, _ = run_case(preset, 64, 3, cfg, "head", bw=bw)
             log("head-layout", preset, json.dumps(cfg), f"{t:.3f} ms {pct:.1f}%")
             for waves in (4, 16):
-                TV.V2_SPLIT_WAVES, saved = waves, TV.V2_SPLIT_WAVES
+                LP.V2_SPLIT_WAVES, saved = waves, LP.V2_SPLIT_WAVES
                 t, pct, _ = run_case(preset, 64, 3, cfg, layout, bw=bw, cache=cache)
-                TV.V2_SPLIT_WAVES = saved
+                LP.V2_SPLIT_WAVES = saved
                 log("waves", preset, layout, waves, f"{t:.3f} ms {pct:.1f}%")
             del cache
             torch.cuda.empty_cache()
-    for kern in compiled_kernels(TV._tq_verify_v2):
+    for kern in compiled_kernels(KV2._tq_verify_v2):
         try:
             ops, sass = sass_stats(kern)
         except Exception as exc:  # noqa: BLE001

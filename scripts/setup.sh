@@ -47,6 +47,6 @@ case "${1:-install}" in
     # against the sha256 in the tables; tests/test_compat_tables.py re-derives the tables).
     "$PY" tools/compat_tables.py fetch >/dev/null
     [ $# -gt 0 ] || set -- tests
-    "$PY" -m pytest -q -m "not gpu" "$@" ;;
+    "$PY" -m pytest -q -rs -m "not gpu" "$@" ;;
   *) echo "usage: $0 [install|verify|test]" >&2; exit 2 ;;
 esac

@@ -50,11 +50,18 @@ def old_vllm_python() -> str:
     return os.environ.get("OLD_VLLM_PYTHON") or os.path.join(REPO, ".venv-old", "bin", "python")
 
 
-def _compat_tables_tool():
-    spec = importlib.util.spec_from_file_location("compat_tables", os.path.join(REPO, "tools", "compat_tables.py"))
+def load_tool(relpath: str):
+    """A repository script that is not a package module (``tools/compat_tables.py``,
+    ``ci/gpu/bundle.py``), loaded as a module by its path."""
+    name = os.path.splitext(os.path.basename(relpath))[0]
+    spec = importlib.util.spec_from_file_location(f"repo_tool_{name}", os.path.join(REPO, relpath))
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def _compat_tables_tool():
+    return load_tool("tools/compat_tables.py")
 
 
 def table_wheel(key: tuple[int, int]):

@@ -13,7 +13,8 @@ import pytest
 import torch
 
 from vllm_platform_ext import patching
-from vllm_platform_ext.ops.gdn import reference as R
+from vllm_platform_ext.ops.gdn import cases as GC
+from vllm_platform_ext.ops.gdn import harness as GH
 from vllm_platform_ext.ops.gdn import torch_ops
 from vllm_platform_ext.report import Report
 from vllm_platform_ext.wiring import gdn_cuda as G
@@ -157,17 +158,17 @@ def test_vllm_builder_runs_zero_draft_rows_as_spec_rows_into_our_ops():
     assert md.num_accepted_tokens.tolist() == [3, 1, 4]
     # the GDN layer's spec calls, with the builder's tensors, against the reference
     T = int(md.spec_query_start_loc[-1])
-    conv_case = R.make_conv_update_case(7, num_spec=k, lengths=[1, 4, 1], accepted=[3, 1, 4], width=4, dim=8)
+    conv_case = GC.make_conv_update_case(7, num_spec=k, lengths=[1, 4, 1], accepted=[3, 1, 4], width=4, dim=8)
     conv_case.update(query_start_loc=md.spec_query_start_loc, conv_state_indices=md.spec_state_indices_tensor[:, 0],
                      num_accepted_tokens=md.num_accepted_tokens,
                      conv_states=torch.randn(int(md.spec_state_indices_tensor.max()) + 1, 8, 3 + k))
-    R.assert_close(R.run_and_compare(torch_ops, conv_case, torch.float32), torch.float32)
-    rec_case = R.make_recurrent_case(8, num_spec=k, lengths=[1, 4, 1], accepted=[3, 1, 4], K=8, V=8)
+    GH.assert_close(GH.run_and_compare(torch_ops, conv_case, torch.float32), torch.float32)
+    rec_case = GC.make_recurrent_case(8, num_spec=k, lengths=[1, 4, 1], accepted=[3, 1, 4], K=8, V=8)
     rec_case.update(query_start_loc=md.spec_query_start_loc, state_indices=md.spec_state_indices_tensor,
                     num_accepted_tokens=md.num_accepted_tokens,
                     ssm_states=torch.randn(int(md.spec_state_indices_tensor.max()) + 1, *rec_case["ssm_states"].shape[1:]))
     assert rec_case["q"].shape[0] == T
-    R.assert_close(R.run_and_compare(torch_ops, rec_case, torch.float32), torch.float32)
+    GH.assert_close(GH.run_and_compare(torch_ops, rec_case, torch.float32), torch.float32)
 
 
 def test_wrapper_on_the_real_builder_reclassifies_unmarked_decode_rows():

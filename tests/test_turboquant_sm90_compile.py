@@ -153,14 +153,14 @@ def test_gluon_wgmma_form_compiles_for_sm90(aot, rows, k1):
     waits, without spilling in the tile loop; ``gluon_shared_bytes`` covers its 128-byte-swizzled
     operand buffers."""
     from vllm_platform_ext.ops.turboquant import gluon_verify as GV
-    from vllm_platform_ext.ops.turboquant import triton_verify as TV
+    from vllm_platform_ext.ops.turboquant import launch_policy as LP
 
     if not GV.AVAILABLE:
         pytest.skip("this Triton has no Gluon")
     import aot_gluon  # tools/
     import aot_loop  # tools/
 
-    cfg = TV.gluon_launch_config("turboquant_k8v4", 16, 4, k1, 2)
+    cfg = LP.gluon_launch_config("turboquant_k8v4", 16, 4, k1, 2)
     assert cfg["WGMMA"] and cfg["WG_ROWS"] >= sum(rows)
     k = aot_gluon.compile_gluon(aot_gluon.consts_for("turboquant_k8v4", WG=True, WG_DEPTH=cfg["WG_DEPTH"],
                                                      STAGES=cfg["num_stages"], PREFETCH=bool(cfg.get("PREFETCH"))),
@@ -174,7 +174,7 @@ def test_gluon_wgmma_form_compiles_for_sm90(aot, rows, k1):
     # per tile, 3.9: 2), the other forms nothing
     assert not any(op.startswith("STL") for op in body), f"spills {res}"
     assert sum(op.startswith("LDL") for op in body) <= (2 if rows == (32, 0) else 0), f"reloads {res}"
-    est = TV.gluon_shared_bytes(cfg, sum(rows), True)
+    est = LP.gluon_shared_bytes(cfg, sum(rows), True)
     assert k.metadata.shared <= est <= k.metadata.shared + 1024, (est, k.metadata.shared)
 
 
@@ -183,11 +183,11 @@ def test_k8v4_wgmma_rules_cover_verify_batches_over_many_programs():
     up to 32 rows (24/4 heads: 18 or 24 rows; 16/2 heads: 24 or 32) and
     K+1 >= 5 up to 48 rows; not plain decode or K+1 = 2, not one request (<= 8 programs), not the
     MSE presets."""
-    from vllm_platform_ext.ops.turboquant import triton_verify as TV
+    from vllm_platform_ext.ops.turboquant import launch_policy as LP
 
     def wg(preset, b, hk, k1, hq_per_hk=6):
         rows = k1 * hq_per_hk
-        cfg = TV.gluon_launch_config(preset, b, hk, k1, -(-rows // 32))
+        cfg = LP.gluon_launch_config(preset, b, hk, k1, -(-rows // 32))
         return bool(cfg.get("WGMMA")) and rows <= cfg["WG_ROWS"]
 
     assert wg("turboquant_k8v4", 64, 4, 6) and wg("turboquant_k8v4", 8, 4, 6) and wg("turboquant_k8v4", 8, 2, 6, 8)
@@ -234,7 +234,7 @@ def test_gluon_shared_bytes_bound_the_compiled_kernel(aot, preset, rows, stages,
     ``gluon_shared_bytes`` must never undercount what the compiler allocates (an SM would then hold
     fewer programs than assumed and the last wave would spill over) and should be close (within 1 KB)."""
     from vllm_platform_ext.ops.turboquant import gluon_verify as GV
-    from vllm_platform_ext.ops.turboquant import triton_verify as TV
+    from vllm_platform_ext.ops.turboquant import launch_policy as LP
 
     if not GV.AVAILABLE:
         pytest.skip("this Triton has no Gluon")
@@ -242,20 +242,20 @@ def test_gluon_shared_bytes_bound_the_compiled_kernel(aot, preset, rows, stages,
 
     k = aot_gluon.compile_gluon(aot_gluon.consts_for(preset, STAGES=stages, BLOCK_N=bn, PREFETCH=True), rows=rows)
     cfg = {"BLOCK_N": bn, "num_stages": stages, "WM": 1, "WN": 4, "maxnreg": 96}
-    est = TV.gluon_shared_bytes(cfg, sum(rows) if rows else 32, preset == "turboquant_k8v4")
+    est = LP.gluon_shared_bytes(cfg, sum(rows) if rows else 32, preset == "turboquant_k8v4")
     assert k.metadata.shared <= est <= k.metadata.shared + 1024, (est, k.metadata.shared)
 
 
 def test_gluon_ctas_per_sm_takes_the_tightest_limit():
     """Programs per SM: registers (cap x 32 x warps of 64K), shared memory (228 KB) and warps (64)."""
-    from vllm_platform_ext.ops.turboquant import triton_verify as TV
+    from vllm_platform_ext.ops.turboquant import launch_policy as LP
 
     base = {"BLOCK_N": 64, "num_stages": 1, "WM": 1, "WN": 4}
-    assert TV.gluon_ctas_per_sm({**base, "maxnreg": 168}) == 3  # registers (shipped)
-    assert TV.gluon_ctas_per_sm({**base, "maxnreg": None}, 40) == 2  # no cap: 255 assumed
-    assert TV.gluon_ctas_per_sm({**base, "maxnreg": 80}, 8) == 6  # 80 regs: 6; shared 30 KB: 7
-    assert TV.gluon_ctas_per_sm({**base, "maxnreg": 80, "num_stages": 2}, 8) == 4  # shared: 55 KB each
-    assert TV.gluon_ctas_per_sm({**base, "maxnreg": 80, "num_stages": 3, "BLOCK_N": 32}, 8) == 5
+    assert LP.gluon_ctas_per_sm({**base, "maxnreg": 168}) == 3  # registers (shipped)
+    assert LP.gluon_ctas_per_sm({**base, "maxnreg": None}, 40) == 2  # no cap: 255 assumed
+    assert LP.gluon_ctas_per_sm({**base, "maxnreg": 80}, 8) == 6  # 80 regs: 6; shared 30 KB: 7
+    assert LP.gluon_ctas_per_sm({**base, "maxnreg": 80, "num_stages": 2}, 8) == 4  # shared: 55 KB each
+    assert LP.gluon_ctas_per_sm({**base, "maxnreg": 80, "num_stages": 3, "BLOCK_N": 32}, 8) == 5
 
 
 @pytest.mark.parametrize("preset,maxnreg", [("turboquant_k8v4", 80), ("turboquant_4bit_nc", 128),
@@ -266,14 +266,14 @@ def test_gluon_plain_decode_register_caps_do_not_spill(aot, preset, maxnreg):
     must not spill its working set: no stores to local memory and at most six reloads of loop
     invariants per tile (Triton 3.6, on the GPU machine, reloads none; 3.9 up to six)."""
     from vllm_platform_ext.ops.turboquant import gluon_verify as GV
-    from vllm_platform_ext.ops.turboquant import triton_verify as TV
+    from vllm_platform_ext.ops.turboquant import launch_policy as LP
 
     if not GV.AVAILABLE:
         pytest.skip("this Triton has no Gluon")
     import aot_gluon  # tools/
     import aot_loop  # tools/
 
-    cfg = TV.gluon_launch_config(preset, 64, 4, 1, 1)  # B = 64, 4 KV heads, plain decode: 256 programs
+    cfg = LP.gluon_launch_config(preset, 64, 4, 1, 1)  # B = 64, 4 KV heads, plain decode: 256 programs
     assert cfg["maxnreg"] == maxnreg
     k = aot_gluon.compile_gluon(aot_gluon.consts_for(preset, PREFETCH=cfg.get("PREFETCH", False)), maxnreg=maxnreg,
                                 rows=(8, 0))

@@ -16,7 +16,7 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 from vllm_platform_ext.ops.turboquant import layout as L
-from vllm_platform_ext.ops.turboquant import triton_verify as TV
+from vllm_platform_ext.ops.turboquant import kernels_v2 as KV2
 
 
 def consts_for(preset, K1=4, G=6, BLOCK_N=64, **over):
@@ -46,7 +46,7 @@ def signature(fn, consts):
 
 
 def compile_v2(consts, num_warps=4, num_stages=1, fn=None):
-    fn = fn or TV._tq_verify_v2
+    fn = fn or KV2._tq_verify_v2
     sig, constexprs, attrs = signature(fn, consts)
     src = ASTSource(fn=fn, signature=sig, constexprs=constexprs, attrs=attrs)
     opts = {"num_warps": num_warps, "num_stages": num_stages}

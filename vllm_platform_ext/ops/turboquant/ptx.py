@@ -32,7 +32,7 @@ NIB_POS = ("{ .reg .b32 y, z, off; mov.b32 off, 0x64086408; shr.b32 y, $1, ",
 # ``prmt`` per byte table gives the low (high) bytes of 4 centroids and two more interleave them
 # into 2 f16x2: outputs $0 = (a0, a1), $1 = (a2, a3) for the low halfword's nibbles a0..a3,
 # $2 = (b0, b1), $3 = (b2, b3) for the high halfword's. The kernel's query is permuted to match
-# (``triton_verify.mse_query_order``). Operands: $4 the word; each int32 table argument takes two
+# (``triton_verify.gluon_query_order``). Operands: $4 the word; each int32 table argument takes two
 # registers (``pack=2``), so the tables are $5, $7, $9, ...
 _LO_HI = "prmt.b32 {o0}, tl, th, 0x5140; prmt.b32 {o1}, tl, th, 0x7362; "
 
