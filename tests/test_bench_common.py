@@ -42,3 +42,17 @@ def test_write_result_writes_markdown_and_json_of_the_same_run(tmp_path):
     data = json.loads(md.with_suffix(".json").read_text())
     assert data["header"] == json.loads(json.dumps(head)) and data["data"] == {"rows": [{"a": 1}]}
 
+
+
+def test_every_benchmark_script_imports_here():
+    """The GPU benchmarks cannot run here, but each imports (names it uses from the package and
+    from bench_common exist) in a fresh interpreter, as on the GPU machine."""
+    import subprocess
+
+    bench_dir = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks")
+    scripts = sorted(f[:-3] for f in os.listdir(bench_dir) if f.endswith(".py") and f not in ("vllm_adapter.py",))
+    assert {"bench_gdn", "bench_turboquant", "floor_turboquant", "e2e_spec_decode", "profile_turboquant"} <= set(scripts)
+    for name in scripts:
+        out = subprocess.run([sys.executable, "-c", f"import {name}"], cwd=bench_dir, capture_output=True, text=True,
+                             timeout=300)
+        assert out.returncode == 0, (name, out.stderr[-2000:])

