@@ -118,6 +118,38 @@ def test_lock_entry_is_complete_for_its_vllm_wheel(key):
     assert not set(carried) & {"torch", "triton", "torchaudio", "flashinfer-python"}
 
 
+
+def test_run_sh_does_the_steps_asked_in_order(tmp_path):
+    """run.sh on the GPU machine: with its venv already made (the stamp), ``--do kernels,engine,e2e``
+    runs the kernel tests, the cells and the e2e benchmark in that order, each with its results
+    path; an unknown step is refused. (A fake venv python logs its arguments.)"""
+    import shutil
+
+    root = tmp_path / "b"
+    (root / "project" / "ci" / "gpu").mkdir(parents=True)
+    shutil.copy(os.path.join(REPO, "ci", "gpu", "run.sh"), root / "project" / "ci" / "gpu" / "run.sh")
+    (root / "venv" / "bin").mkdir(parents=True)
+    (root / "venv" / ".installed").touch()
+    log = tmp_path / "calls.log"
+    fake = root / "venv" / "bin" / "python"
+    fake.write_text(f'#!/usr/bin/env bash\n[ "$1" = "-" ] && cat >/dev/null\n'
+                    f'echo "${{VPE_CELLS_SUITE:-}}|$*" >> {log}\n')
+    fake.chmod(0o755)
+    run = ["bash", str(root / "project" / "ci" / "gpu" / "run.sh"), "--wheels", str(tmp_path), "--suite", "core"]
+    proc = subprocess.run(run + ["--do", "kernels,engine,e2e"], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    calls = log.read_text().splitlines()
+    out = root / "gpu-results"
+    assert calls[0] == "|-"  # the version check
+    assert calls[1].startswith("|-m pytest") and "-m gpu --junitxml " + str(out / "kernels.xml") in calls[1]
+    assert "tests/test_turboquant_gpu.py tests/test_gdn_gpu.py" in calls[1]
+    assert calls[2].startswith("core|-m pytest") and "-m gpu_engine tests/test_gpu_engine.py" in calls[2]
+    assert calls[3] == f"|benchmarks/e2e_spec_decode.py --model qwen36_a3b --layers 8 --out {out / 'e2e'}"
+    assert calls[4] == f"|benchmarks/e2e_spec_decode.py --model tiny --out {out / 'e2e-tiny'}"
+    assert len(calls) == 5
+    proc = subprocess.run(run + ["--do", "engine,bench"], capture_output=True, text=True)
+    assert proc.returncode == 2 and "--do takes engine, kernels, e2e; got bench" in proc.stderr
+
 # ------------------------------------------------------------------------------ the cells
 
 def test_suites_name_the_cells_the_issue_asks_for():

@@ -1,15 +1,21 @@
 #!/usr/bin/env bash
 # On the GPU machine, after `bash unpack.sh DEST` (ci/gpu/bundle.py build wrote both):
 #   bash DEST/project/ci/gpu/run.sh --wheels DEST/wheels [--suite core|full|cpu] [--shard i/n]
-#                                   [--parallel N] [--out DIR] [-- extra pytest args]
+#                                   [--parallel N] [--out DIR] [--do engine,kernels,e2e]
+#                                   [-- extra pytest args]
 # Installs the carried wheels into a venv beside the machine's own torch (no network: --no-index
-# --no-deps, exactly the locked files), then runs the gpu_engine tests, which start the real vLLM
-# engine for each cell of the suite and audit every token against float32 transformers.
-# Results: DIR/results.json and DIR/results.md (default DIR: ./gpu-results next to DEST).
+# --no-deps, exactly the locked files), then, in the order given by --do (default: engine):
+#   kernels  the GPU kernel tests (pytest -m gpu: tests/test_turboquant_gpu.py, tests/test_gdn_gpu.py)
+#   engine   the gpu_engine tests: the real vLLM engine for each cell of the suite, every token
+#            audited against float32 transformers
+#   e2e      benchmarks/e2e_spec_decode.py: the Qwen3.6-35B-A3B shape (8 layers) and the tiny model
+# so one warm machine does all of it in one call.
+# Results in DIR (default: ./gpu-results next to DEST): results.json / results.md (engine),
+# kernels.xml (kernels), e2e/ and e2e-tiny/ (e2e).
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 project="$(cd "$here/../.." && pwd)"
-wheels="" suite="core" shard="1/1" parallel="4" out=""
+wheels="" suite="core" shard="1/1" parallel="4" out="" do="engine"
 while [ $# -gt 0 ]; do
   case "$1" in
     --wheels) wheels="$2"; shift 2 ;;
@@ -17,6 +23,7 @@ while [ $# -gt 0 ]; do
     --shard) shard="$2"; shift 2 ;;
     --parallel) parallel="$2"; shift 2 ;;
     --out) out="$2"; shift 2 ;;
+    --do) do="$2"; shift 2 ;;
     --) shift; break ;;
     *) echo "run.sh: unknown argument $1" >&2; exit 2 ;;
   esac
@@ -40,7 +47,22 @@ print(f"torch {torch.__version__} cuda {torch.version.cuda} device "
       f"{torch.cuda.get_device_name() if torch.cuda.is_available() else 'none'}; vllm {vllm.__version__}")
 EOF
 cd "$project"
-VPE_CELLS_SUITE="$suite" VPE_CELLS_SHARD="$shard" VPE_CELLS_PARALLEL="$parallel" VPE_CELLS_OUT="$out" \
-  "$venv/bin/python" -m pytest -q -p no:cacheprovider -m gpu_engine tests/test_gpu_engine.py "$@" || rc=$?
-echo "results: $out/results.json, $out/results.md"
+mkdir -p "$out"
+for step in ${do//,/ }; do
+  case "$step" in
+    kernels)
+      "$venv/bin/python" -m pytest -q -rs -p no:cacheprovider -m gpu --junitxml "$out/kernels.xml" \
+        tests/test_turboquant_gpu.py tests/test_gdn_gpu.py "$@" || rc=$?
+      echo "results: $out/kernels.xml" ;;
+    engine)
+      VPE_CELLS_SUITE="$suite" VPE_CELLS_SHARD="$shard" VPE_CELLS_PARALLEL="$parallel" VPE_CELLS_OUT="$out" \
+        "$venv/bin/python" -m pytest -q -rs -p no:cacheprovider -m gpu_engine tests/test_gpu_engine.py "$@" || rc=$?
+      echo "results: $out/results.json, $out/results.md" ;;
+    e2e)
+      "$venv/bin/python" benchmarks/e2e_spec_decode.py --model qwen36_a3b --layers 8 --out "$out/e2e" || rc=$?
+      "$venv/bin/python" benchmarks/e2e_spec_decode.py --model tiny --out "$out/e2e-tiny" || rc=$?
+      echo "results: $out/e2e/e2e.md, $out/e2e-tiny/e2e.md" ;;
+    *) echo "run.sh: --do takes engine, kernels, e2e; got $step" >&2; exit 2 ;;
+  esac
+done
 exit "${rc:-0}"
