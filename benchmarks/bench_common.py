@@ -66,19 +66,11 @@ def _git_commit() -> str | None:
 def run_header(command: Sequence[str] | None = None, **extra: Any) -> dict[str, Any]:
     """What a result must state: when, where, with which versions, by which command."""
     device = "cpu"
-    torch_v = triton_v = None
     try:
         import torch
 
-        torch_v = torch.__version__
         if torch.cuda.is_available():
             device = torch.cuda.get_device_name()
-    except ImportError:
-        pass
-    try:
-        import triton
-
-        triton_v = triton.__version__
     except ImportError:
         pass
     cmd = list(command) if command is not None else [os.path.relpath(sys.argv[0])] + sys.argv[1:]
@@ -86,9 +78,7 @@ def run_header(command: Sequence[str] | None = None, **extra: Any) -> dict[str, 
         "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "host": platform.node(),
         "device": device,
-        **{k: v for k, v in installed_versions().items() if k not in ("torch", "triton")},
-        "torch": torch_v,
-        "triton": triton_v,
+        **installed_versions(),
         "commit": _git_commit(),
         "command": shlex.join(["python"] + cmd),
     }

@@ -30,11 +30,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-
 from bench_common import eager_ms, graph_ms, run_header, write_result  # noqa: E402
 
 from vllm_platform_ext.ops.gdn import cases as GC  # noqa: E402
-
 from vllm_platform_ext.ops.gdn import harness as GH  # noqa: E402
 from vllm_platform_ext.ops.gdn import triton_ops as X  # noqa: E402
 

@@ -7,11 +7,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from vllm_platform_ext.ops.gdn import reference as R
-
 from vllm_platform_ext.ops.gdn import cases as GC
-
 from vllm_platform_ext.ops.gdn import harness as GH
+from vllm_platform_ext.ops.gdn import reference as R
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]

@@ -11,11 +11,9 @@ import types
 import pytest
 import torch
 
-from vllm_platform_ext.ops.gdn import reference as R
-
 from vllm_platform_ext.ops.gdn import cases as GC
-
 from vllm_platform_ext.ops.gdn import harness as GH
+from vllm_platform_ext.ops.gdn import reference as R
 from vllm_platform_ext.ops.gdn import torch_ops
 
 CASES = GC.standard_cases()

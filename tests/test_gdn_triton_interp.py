@@ -27,9 +27,7 @@ FUSED_CASES = ("rec-spec-random-0", "rec-mixed-q", "rec-plain-prefill", "rec-gva
 def _worker() -> dict:
     import torch
 
-
     from vllm_platform_ext.ops.gdn import cases as GC
-
     from vllm_platform_ext.ops.gdn import harness as GH
     from vllm_platform_ext.ops.gdn import triton_ops as X
 

