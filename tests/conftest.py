@@ -78,3 +78,24 @@ def table_wheel(key: tuple[int, int]):
                     "(scripts/setup.sh test does)")
     assert wheel.name == src["wheel"] and tools.sha256(wheel) == src["sha256"], f"{wheel} is not the table's wheel"
     return wheel
+
+
+def line_source(key: tuple[int, int]) -> str:
+    """The pure-Python tree (``vllm/**/*.py`` and its JSON data) of the wheel line ``key``'s compat
+    table was derived from, unpacked once under ``.cache/vllm-src/<version>``. Put first on
+    ``PYTHONPATH`` it makes ``import vllm`` that line's own code on this venv's torch, with its
+    kernel libraries absent (as on a host whose vendor lacks them)."""
+    import zipfile
+
+    from vllm_platform_ext.compat import schemas
+
+    version = schemas.TABLE_SOURCES[key]["vllm"]
+    dest = os.path.join(REPO, ".cache", "vllm-src", version)
+    stamp = os.path.join(dest, ".unpacked")
+    if not os.path.exists(stamp):
+        wheel = table_wheel(key)
+        with zipfile.ZipFile(wheel) as zf:
+            zf.extractall(dest, [n for n in zf.namelist()
+                                 if n.startswith("vllm/") and n.endswith((".py", ".json"))])
+        open(stamp, "w").close()
+    return dest

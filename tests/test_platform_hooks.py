@@ -285,3 +285,34 @@ def test_qwen35_mtp_turboquant(qwen35_mtp):
 def test_qwen35_mtp_env_defaults(qwen35_mtp):
     assert qwen35_mtp["env"] == {n: v for n, v, _ in maca.env_defaults()}
     assert {n for n, _, _ in qwen35_mtp["applied"]} == {n for n, _, _ in maca.env_defaults()}
+
+
+def _graph_cfg(cache_dtype: str, spec: bool):
+    from types import SimpleNamespace
+
+    from vllm.config.compilation import CUDAGraphMode
+
+    return SimpleNamespace(cache_config=SimpleNamespace(cache_dtype=cache_dtype),
+                           speculative_config=SimpleNamespace(num_speculative_tokens=3) if spec else None,
+                           compilation_config=SimpleNamespace(cudagraph_mode=CUDAGraphMode.FULL_AND_PIECEWISE))
+
+
+def test_turboquant_spec_keeps_full_graphs_where_the_verify_route_is_applied():
+    """Under MacaPlatform the patch groups apply as under the CUDA platform: with the
+    ``turboquant_spec_verify`` group applied, TurboQuant + speculation keeps FULL graphs (the route
+    serves the captured K+1 batches); without it (disabled, skipped) FULL is downgraded."""
+    from vllm_platform_ext import patching
+    from vllm_platform_ext.wiring import turboquant as tq_wiring
+
+    assert not patching.applied_targets(tq_wiring.NAME)
+    cfg = _graph_cfg("turboquant_k8v4", spec=True)
+    MacaPlatform._no_full_cudagraph_for_turboquant_spec(cfg)
+    assert cfg.compilation_config.cudagraph_mode.name == "PIECEWISE"
+    patching.apply(tq_wiring.NAME, list(tq_wiring.GROUPS[0].build()))
+    try:
+        for kv, spec in (("turboquant_k8v4", True), ("auto", True), ("turboquant_k8v4", False)):
+            cfg = _graph_cfg(kv, spec)
+            MacaPlatform._no_full_cudagraph_for_turboquant_spec(cfg)
+            assert cfg.compilation_config.cudagraph_mode.name == "FULL_AND_PIECEWISE", (kv, spec)
+    finally:
+        patching.restore(tq_wiring.NAME)

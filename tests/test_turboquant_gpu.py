@@ -73,7 +73,9 @@ def make_cache(preset, seq_lens, hk, *, dev="cuda", seed=0, e4b15=False, store=N
     lay, cent, H = _tables(preset, dev)
     nblk = [(s + PAGE - 1) // PAGE for s in seq_lens]
     total = sum(nblk) + 1
-    if layout == "vllm":
+    if layout == "line":
+        view = line_cache_view(preset, total, hk, dev)
+    elif layout == "vllm":
         view = torch.zeros(total, PAGE, hk, lay.slot_size_aligned, dtype=torch.uint8, device=dev)
     else:
         view = torch.zeros(total, hk, PAGE, lay.slot_size_aligned, dtype=torch.uint8, device=dev).transpose(1, 2)
@@ -96,6 +98,27 @@ def make_cache(preset, seq_lens, hk, *, dev="cuda", seed=0, e4b15=False, store=N
         else:
             store(k, v, view, slots)
     return view, bt
+
+
+def line_cache_view(preset, num_blocks, hk, dev="cuda"):
+    """A cache allocated as the installed vLLM line allocates it (its backend's
+    ``get_kv_cache_shape``; from 0.29 the LBNHC memory behind the logical [B, H, N, C] view), seen
+    as the op's [blocks, block_size, heads, slot] through the layout probed from that backend."""
+    tq = pytest.importorskip("vllm.v1.attention.backends.turboquant_attn",
+                             reason="needs the installed vLLM line's TurboQuant backend")
+    from vllm_platform_ext.wiring import turboquant_layout
+
+    backend = tq.TurboQuantAttentionBackend
+    slot = L.layout_for(preset, D).slot_size_aligned
+    try:
+        shape = backend.get_kv_cache_shape(num_blocks, PAGE, hk, D, cache_dtype_str=preset)
+        cache = torch.zeros(shape, dtype=torch.uint8, device=dev)
+    except (AttributeError, NotImplementedError):
+        cache = torch.zeros(num_blocks, PAGE, hk, slot, dtype=torch.uint8, device=dev).permute(0, 2, 1, 3)
+    layout = turboquant_layout.probe(backend)
+    view = layout.op_view(cache)
+    assert layout.check(view, hk, slot) is None
+    return view
 
 
 def rel_err(out, ref):
@@ -125,8 +148,8 @@ def test_store_bytes_match_vllm_store(upstream, preset):
             value_quant_bits=lay.value_bits, key_fp8=lay.key_fp8,
         )
 
-    a, _ = make_cache(preset, [300, 77], 4, seed=3)
-    b, _ = make_cache(preset, [300, 77], 4, seed=3, store=vllm_store)
+    a, _ = make_cache(preset, [300, 77], 4, seed=3, layout="line")
+    b, _ = make_cache(preset, [300, 77], 4, seed=3, store=vllm_store, layout="line")
     kps, so = lay.key_packed_size, lay.scale_offset
     # keys (fp8 bytes, or indices + norm) and value scale/zero: bit-exact
     assert torch.equal(a[..., :kps], b[..., :kps]), f"{preset}: key bytes differ from vLLM's store"
@@ -389,7 +412,8 @@ def test_gluon_plain_decode_register_cap_rules_match_reference(preset, num_reqs,
 def test_bf16_queries_and_matches_vllm_decode_route(upstream, preset):
     lay, cent, H = _tables(preset)
     k1, hq, hk = 4, 24, 4
-    out, ref, (q, view, bt, sl, args) = run_both(preset, [9, 2000, 513], hq, hk, k1, qdtype=torch.bfloat16)
+    out, ref, (q, view, bt, sl, args) = run_both(preset, [9, 2000, 513], hq, hk, k1, qdtype=torch.bfloat16,
+                                                 layout="line")
     assert out.dtype == torch.bfloat16
     assert rel_err(out, ref) < 1e-2
     # vLLM's decode kernel, one row per query token (the upstream routing fix)
@@ -617,3 +641,36 @@ if __name__ == "__main__":
         with TV.trace_launches() as rec:
             _TRACE[:] = [rec]
             _sanitize_sweep()
+
+
+@pytest.mark.parametrize("preset", PRESETS)
+def test_inference_tensors_under_graph_capture(preset):
+    """As vLLM hands them: every tensor made under ``torch.inference_mode()`` (cache, block table,
+    lengths, query, codebook, rotation, output), the call captured into a CUDA graph in inference
+    mode. Replays match the float64 reference, and a codebook rewritten in place is read live."""
+    _need_cuda()
+    k1, hq, hk, lens = 4, 24, 4, [700, 33]
+    with torch.inference_mode():
+        lay, cent, H = _tables(preset)
+        cent = cent.clone()
+        view, bt = make_cache(preset, lens, hk, seed=11, layout="line")
+        sl = torch.tensor(lens, dtype=torch.int32, device="cuda")
+        q = torch.randn(len(lens) * k1, hq, D, device="cuda", dtype=torch.bfloat16)
+        out = torch.empty_like(q)
+        ws = TV.VerifyWorkspace.allocate(len(lens), k1, hq, D, device="cuda")
+        args = dict(preset=preset, scale=D**-0.5, centroids=cent, PiT=H)
+        assert all(t.is_inference() for t in (view, bt, sl, q, cent, H, out))
+        fn = lambda: TV.turboquant_verify_attention(q, view, bt, sl, k1, **args, workspace=ws, out=out)  # noqa: E731
+        fn()
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            fn()
+        for step in range(2):
+            if step:
+                cent.mul_(1.25)  # in place, still symmetric: the replay must read the new values
+            q.copy_(torch.randn_like(q, dtype=torch.float32).to(q.dtype))
+            graph.replay()
+            torch.cuda.synchronize()
+            ref = R.turboquant_verify_attention_reference(q.float(), view, bt, sl, k1, **args)
+            assert rel_err(out, ref) < 1e-2, (preset, step)

@@ -210,3 +210,27 @@ def test_fp8_words_to_halves():
 
 def test_square_accumulate_string():
     assert re.fullmatch(r"fma\.rn\.f16x2 \$0, \$1, \$1, \$2;", ptx.SQ_ACC)
+
+
+def test_codebook_tables_of_inference_tensors():
+    """vLLM builds codebooks under ``torch.inference_mode()``: no version counter (reading
+    ``_version`` raised in the engine). The tables are made once, refilled from the live tensor at
+    every call (an in-place rewrite is seen), and stay writable outside inference mode."""
+    from vllm_platform_ext.ops.turboquant.codebook import _codebook_tables, codebook_bytes, tensor_version
+
+    with torch.inference_mode():
+        cent = L.lloyd_max_centroids(128, 4).clone()
+        assert cent.is_inference() and tensor_version(cent) is None
+        lut, fold = _codebook_tables(cent, 4, True)
+        assert fold and torch.equal(lut, codebook_bytes(cent[8:]))
+        full, nofold = _codebook_tables(cent, 4, False)
+        assert not nofold and torch.equal(full, codebook_bytes(cent))
+        cent.mul_(1.5)  # rewritten in place, still symmetric: the next call sees it
+        lut2, _ = _codebook_tables(cent, 4, True)
+        assert lut2 is lut and torch.equal(lut2, codebook_bytes(cent[8:]))
+    assert not lut.is_inference()
+    cent3 = L.lloyd_max_centroids(128, 3)  # a plain tensor outside inference mode, 3-bit keys never fold
+    with torch.inference_mode():
+        t3, f3 = _codebook_tables(cent3, 3, True)
+    assert not f3 and torch.equal(t3, codebook_bytes(cent3))
+    assert torch.equal(_codebook_tables(cent3, 3, True)[0], t3)

@@ -79,10 +79,16 @@ def fix_targets() -> list[list[str]]:
 
         from vllm_platform_ext.wiring import turboquant
 
+        from vllm_platform_ext.wiring import turboquant_layout
+
         backend = resolve_obj_by_qualname(AttentionBackendEnum.TURBOQUANT.get_path())
         done = not turboquant.backend_patches(backend)
+        try:
+            layout = f"cache {turboquant_layout.probe(backend).describe()}"
+        except turboquant_layout.LayoutUnknown as exc:
+            layout = f"cache layout unknown: {exc}"
         rows.append(["turboquant_spec_verify", f"{backend.__module__}.{backend.__qualname__}",
-                     "patched" if done else "not patched (group skipped or disabled)"])
+                     ("patched" if done else "not patched (group skipped or disabled)") + f"; {layout}"])
         from vllm_platform_ext.wiring import turboquant_workspace as ws
 
         builder = backend.get_builder_cls()

@@ -185,6 +185,15 @@ class MacaPlatform(Platform):
     # ------------------------------------------------------------------ device queries
 
     @classmethod
+    def _visible_to_physical(cls, device_id: int) -> int:
+        """A visible ordinal (``torch.device.index``) as the physical id MXSML takes. vLLM >= 0.24
+        has ``visible_device_id_to_physical_device_id``; 0.22/0.23 only
+        ``device_id_to_physical_device_id``, which there maps the same way (the device-control
+        variable, no logical ids)."""
+        to_physical = getattr(cls, "visible_device_id_to_physical_device_id", None)
+        return (to_physical or cls.device_id_to_physical_device_id)(device_id)
+
+    @classmethod
     def device_count(cls) -> int:
         visible = os.environ.get(cls.device_control_env_var, "")
         if visible:
@@ -195,7 +204,7 @@ class MacaPlatform(Platform):
     @classmethod
     @functools.cache
     def get_device_capability(cls, device_id: int = 0) -> DeviceCapability | None:
-        physical = cls.visible_device_id_to_physical_device_id(device_id)
+        physical = cls._visible_to_physical(device_id)
         try:
             cap = _query(lambda lib: lib.capability(physical) if lib.has("mxSmlExDeviceGetComputeCapability") else None)
         except detect.MxsmlError:
@@ -304,8 +313,16 @@ class MacaPlatform(Platform):
     def _no_full_cudagraph_for_turboquant_spec(vllm_config: VllmConfig) -> None:
         """TurboQuant + speculative decoding under FULL CUDA graphs gives degenerate output
         (vLLM issues #40831, #40880, #52475): the uniform 1+K verify batch is captured but
-        TurboQuant routes it through its CPU-driven prefill loop. Use PIECEWISE instead."""
+        TurboQuant routes it through its CPU-driven prefill loop. Use PIECEWISE instead -- unless
+        this process routes those batches to the graph-capturable verify op (the
+        ``turboquant_spec_verify`` group applied), as under the CUDA platform."""
         from vllm.config.compilation import CUDAGraphMode
+
+        from vllm_platform_ext import patching
+        from vllm_platform_ext.wiring import turboquant as tq_wiring
+
+        if patching.applied_targets(tq_wiring.NAME):
+            return
 
         cache_dtype = str(getattr(vllm_config.cache_config, "cache_dtype", "") or "")
         compilation = vllm_config.compilation_config

@@ -21,6 +21,7 @@ Patches (vLLM 0.32 ``vllm.v1.attention.backends.turboquant_attn``):
 """
 from __future__ import annotations
 
+import importlib
 import importlib.util
 from typing import Any
 
@@ -29,6 +30,7 @@ import torch
 from vllm_platform_ext.ops.turboquant.routing import uniform_verify_width, workspace_rows
 from vllm_platform_ext import patching
 from vllm_platform_ext.patching import Patch, PatchGroup
+from vllm_platform_ext.wiring import turboquant_layout
 
 MOD = "vllm.v1.attention.backends.turboquant_attn"
 OP = "turboquant.verify_attention"
@@ -73,11 +75,44 @@ def _route_ok(impl: Any, attn_metadata: Any) -> int:
     return k1
 
 
+_MISMATCH_REPORTED: set[str] = set()
+
+
+def _op_cache_view(impl: Any, kv_cache: torch.Tensor) -> torch.Tensor | None:
+    """vLLM's per-layer cache as the op's ``[blocks, block_size, heads, slot]``, through the layout
+    probed from this impl's backend; None (keep vLLM's path) when none was probed or the tensor
+    does not match it. Shape reads only: graph-safe."""
+    from vllm_platform_ext.ops.turboquant.layout import layout_for
+
+    layout = turboquant_layout.layout_of(impl)
+    if layout is None:
+        reason = f"no cache layout was probed for {type(impl).__qualname__}"
+        view = None
+    else:
+        view = layout.op_view(kv_cache)
+        reason = layout.check(view, int(impl.num_kv_heads),
+                              layout_for(impl.kv_cache_dtype, int(impl.head_size)).slot_size_aligned)
+    if reason is None:
+        return view
+    if reason not in _MISMATCH_REPORTED:  # once per distinct reason, not per layer and step
+        _MISMATCH_REPORTED.add(reason)
+        import vllm_platform_ext
+
+        report = vllm_platform_ext.bootstrap_report()
+        if report is not None:
+            report.failed("patch", f"{NAME} cache layout", f"{reason}: verify batches keep vLLM's path")
+    return None
+
+
 def verify_forward(impl: Any, layer: Any, query: torch.Tensor, kv_cache: torch.Tensor, attn_metadata: Any,
-                   output: torch.Tensor | None, k1: int) -> torch.Tensor:
-    """The routed forward: all ``num_actual_tokens`` rows (B x (K+1)) through the op."""
+                   output: torch.Tensor | None, k1: int) -> torch.Tensor | None:
+    """The routed forward: all ``num_actual_tokens`` rows (B x (K+1)) through the op. None when
+    vLLM's cache is not in the probed layout (the caller then keeps vLLM's path)."""
     from vllm_platform_ext.ops.dispatch import active_platform, get_op, op_config
 
+    cache = _op_cache_view(impl, kv_cache)
+    if cache is None:
+        return None
     n = int(attn_metadata.num_actual_tokens)
     hq, d = impl.num_heads, impl.head_size
     if output is None:
@@ -92,7 +127,7 @@ def verify_forward(impl: Any, layer: Any, query: torch.Tensor, kv_cache: torch.T
     extra = op_config(OP, platform)
     if platform != "cpu":
         extra["workspace"] = _workspace(impl, q.device)
-    op(q, kv_cache.transpose(1, 2), attn_metadata.block_table[:b], attn_metadata.seq_lens[:b], k1,
+    op(q, cache, attn_metadata.block_table[:b], attn_metadata.seq_lens[:b], k1,
        preset=impl.kv_cache_dtype, scale=impl.scale, centroids=layer._tq_centroids, PiT=layer._tq_PiT,
        out=output[:n].view(n, hq, d), **extra)
     return output
@@ -124,10 +159,12 @@ def _forward_factory(orig):
     def forward(self, layer, query, key, value, kv_cache, attn_metadata, output=None, output_scale=None,
                 output_block_scale=None):
         k1 = _route_ok(self, attn_metadata) if output_scale is None and output_block_scale is None else 0
-        if not k1:
-            return orig(self, layer, query, key, value, kv_cache, attn_metadata, output, output_scale,
-                        output_block_scale)
-        return verify_forward(self, layer, query, kv_cache, attn_metadata, output, k1)
+        if k1:
+            out = verify_forward(self, layer, query, kv_cache, attn_metadata, output, k1)
+            if out is not None:
+                return out
+        return orig(self, layer, query, key, value, kv_cache, attn_metadata, output, output_scale,
+                    output_block_scale)
 
     return forward
 
@@ -172,6 +209,10 @@ def _skip_if() -> str | None:
         spec = None
     if spec is None:
         return f"this vLLM has no TurboQuant backend ({MOD})"
+    try:
+        turboquant_layout.probe(importlib.import_module(MOD).TurboQuantAttentionBackend)  # noqa
+    except turboquant_layout.LayoutUnknown as exc:
+        return f"cache layout unknown, no verify route: {exc}"
     return None
 
 
@@ -218,6 +259,14 @@ def land_on(backend: type) -> str:
     import vllm_platform_ext
 
     report = vllm_platform_ext.bootstrap_report()
+    try:
+        layout = turboquant_layout.probe(backend)
+    except turboquant_layout.LayoutUnknown as exc:
+        if report is not None:
+            report.skipped("patch", f"{NAME} -> {backend.__module__}.{backend.__qualname__}",
+                           f"cache layout unknown, vLLM's path kept: {exc}")
+        return "skipped"
+    turboquant_layout.remember(backend, layout)
     for group, patches in todo:
         label = f"{group} -> {backend.__module__}.{backend.__qualname__}"
         try:
@@ -227,7 +276,8 @@ def land_on(backend: type) -> str:
                 report.failed("patch", label, f"{type(exc).__name__}: {exc}")
             raise
         if report is not None:
-            report.applied("patch", label, f"the TurboQuant backend vLLM selected [{', '.join(targets)}]")
+            report.applied("patch", label, f"the TurboQuant backend vLLM selected, cache {layout.describe()} "
+                                           f"[{', '.join(targets)}]")
     return "patched"
 
 
@@ -246,6 +296,7 @@ def _build() -> list[Patch]:
     import importlib
 
     upstream = importlib.import_module(MOD).TurboQuantAttentionBackend
+    turboquant_layout.remember(upstream, turboquant_layout.probe(upstream))
     return [*backend_patches(upstream), Patch(SELECTOR, _selector_factory)]
 
 

@@ -39,7 +39,8 @@ class VerifyWorkspace:
         if max_kv_splits is None:
             per_seq = triton.cdiv(SMALL_BATCH_MAX_SPLITS, max(1, max_num_seqs))
             max_kv_splits = max(DEFAULT_MAX_KV_SPLITS, per_seq)
-        mid = torch.empty(rows, num_q_heads, max_kv_splits, head_dim + 1, dtype=torch.float32, device=device)
+        with torch.inference_mode(False):  # a plain tensor: the op writes it in and outside inference mode
+            mid = torch.empty(rows, num_q_heads, max_kv_splits, head_dim + 1, dtype=torch.float32, device=device)
         return cls(mid)
 
     @property

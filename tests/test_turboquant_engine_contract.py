@@ -1,0 +1,59 @@
+"""The engine contract of the TurboQuant verify route, on every vLLM line whose wheel the project
+keeps (0.22-0.26, 0.32, 0.33): each line's real TurboQuant backend, a cache of that line's own
+shape written by that line's own store kernel (Triton interpreter), the plugin's patched
+``forward`` under ``torch.inference_mode()`` with inference tensors -- against float64 attention
+over the K/V read back from the cache bytes through the axes each release documents (the child's
+``EXPECTED_AXES``, not the plugin's probe) and dequantized in float64.
+
+This is the class of bug the first GPU runs found and CPU CI did not: on 0.23 the route read the
+block size as the KV-head count (``num_q_heads 4 is not a multiple of num_kv_heads 64``); the MSE
+presets then failed on inference tensors (``Inference tensors do not track version counter``).
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from conftest import REPO, line_source
+from vllm_platform_ext.compat import schemas
+
+CHILD = os.path.join(REPO, "tests", "tq_engine_contract_child.py")
+LINES = sorted(schemas.TABLE_SOURCES)
+EXPECTED_LAYOUT = {"BNHC": "(blocks, tokens, heads, slot)", "BHNC": "(blocks, heads, tokens, slot)"}
+
+
+def run_child(key: tuple[int, int], plugin_root: str = REPO) -> dict:
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([line_source(key), plugin_root]), VLLM_PLUGINS="",
+               TRITON_INTERPRET="1")
+    proc = subprocess.run([sys.executable, CHILD], capture_output=True, text=True, env=env, timeout=900,
+                          cwd=REPO)
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
+    assert lines, f"child printed no result (rc {proc.returncode}):\n{proc.stderr[-3000:]}"
+    return json.loads(lines[-1][len("RESULT "):])
+
+
+@pytest.mark.parametrize("key", LINES, ids=[".".join(map(str, k)) for k in LINES])
+def test_verify_route_in_the_lines_own_cache(key):
+    sys.path.insert(0, os.path.dirname(CHILD))
+    try:
+        from tq_engine_contract_child import EXPECTED_AXES, PRESETS
+    finally:
+        sys.path.pop(0)
+    res = run_child(key)
+    assert "error" not in res, f"{res.get('error')}\n{res.get('trace')}"
+    assert res["vllm"].startswith(f"{key[0]}.{key[1]}.") and res["vllm_file"].startswith(line_source(key))
+    assert res["skip_if"] is None
+    assert res["probed"].startswith(EXPECTED_LAYOUT[EXPECTED_AXES[key]]), res["probed"]
+    assert [p["preset"] for p in res["presets"]] == list(PRESETS)
+    for p in res["presets"]:
+        assert "error" not in p, f"{p['preset']}: {p['error']}\n{p.get('trace')}"
+        assert p["inference_tensors"], p
+        # the line's store and the documented axes agree: the read-back K/V are the written ones
+        # up to the preset's quantization (fp8 keys ~0.09, 3-bit ~0.19 relative)
+        assert max(p["store_rel_err"]) < 0.25, p
+        assert p["max_abs_err"] < 1e-4, p
+        assert p["rows_past_end_untouched"], p
