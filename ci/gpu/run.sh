@@ -36,6 +36,15 @@ py="${PYTHON:-python3}"
 if [ ! -f "$venv/.installed" ]; then
   rm -rf "$venv"
   "$py" -m venv --system-site-packages "$venv"   # the machine's torch 2.11 / triton 3.6 stay visible
+  # ... unless "$py" is itself a venv (the GPU machine's python3 is /opt/torch/.venv): a venv made
+  # from a venv sees the base interpreter's site-packages, not its parent's. Name the folder that
+  # holds torch in a .pth (after the venv's own packages, so the carried wheels come first).
+  if ! "$venv/bin/python" -c "import torch" 2>/dev/null; then
+    torch_site=$("$py" -c "import os, torch; print(os.path.dirname(os.path.dirname(torch.__file__)))")
+    purelib=$("$venv/bin/python" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
+    echo "$torch_site" > "$purelib/zz-machine-torch.pth"
+    "$venv/bin/python" -c "import torch, triton" || { echo "run.sh: no torch/triton from $py" >&2; exit 3; }
+  fi
   # every locked wheel, the stripped vLLM wheel and this project's wheel (its entry points are how
   # vLLM finds the plugin), exactly as carried: no index, no resolution
   "$venv/bin/python" -m pip install -q --no-index --no-deps "$wheels"/*.whl

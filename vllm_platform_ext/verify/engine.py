@@ -100,6 +100,9 @@ class EngineSettings:
     seed: int = 0
     warmup_runs: int = 0  # untimed generate() calls before the timed one (benchmarks)
     gpu_memory_utilization: float = 0.0  # 0: vLLM's default; several GPU engines share a GPU with less
+    # 0: vLLM sizes the KV cache by profiling free memory, which counts engines started beside it
+    # ("Error in memory profiling"); side-by-side cells give each engine its KV bytes instead
+    kv_cache_memory_bytes: int = 0
 
 
 @dataclass
@@ -259,6 +262,8 @@ def run_engine(model: str, prompts: list[list[int]], cfg: EngineConfig,
               **accelerator_engine_kwargs())
     if settings.gpu_memory_utilization:
         kw["gpu_memory_utilization"] = settings.gpu_memory_utilization
+    if settings.kv_cache_memory_bytes:
+        kw["kv_cache_memory_bytes"] = settings.kv_cache_memory_bytes
     kw.update(llm_kwargs or {})
     _guard_vllm_kernel_rescan()
     t0 = time.perf_counter()
