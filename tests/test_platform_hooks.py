@@ -316,3 +316,32 @@ def test_turboquant_spec_keeps_full_graphs_where_the_verify_route_is_applied():
             assert cfg.compilation_config.cudagraph_mode.name == "FULL_AND_PIECEWISE", (kv, spec)
     finally:
         patching.restore(tq_wiring.NAME)
+
+
+def test_maca_moe_group_gives_oot_layers_the_triton_experts(monkeypatch):
+    """vLLM hands an out-of-tree platform the OOT unquantized-MoE backend with no experts class;
+    under the standalone MacaPlatform the group swaps in the Triton experts vLLM uses on CUDA
+    (the 0.23 H100 stand-in cell died on 'is_monolithic' without it). Elsewhere: not needed."""
+    from types import SimpleNamespace
+
+    import vllm.model_executor.layers.fused_moe.oracle.unquantized as oracle
+    import vllm.model_executor.layers.fused_moe.unquantized_fused_moe_method as method_mod
+
+    from vllm_platform_ext import patching
+    from vllm_platform_ext.wiring import maca_moe
+
+    assert maca_moe.GROUPS[0].skip_if().startswith("not needed: the platform is CpuPlatform")
+    oot = SimpleNamespace(is_cpu=lambda: False, is_tpu=lambda: False, is_out_of_tree=lambda: True)
+    monkeypatch.setattr(oracle, "current_platform", oot)
+    assert method_mod.select_unquantized_moe_backend(SimpleNamespace()) == (oracle.UnquantizedMoeBackend.OOT, None)
+    patching.apply(maca_moe.NAME, list(maca_moe.GROUPS[0].build()))
+    try:
+        backend, experts = method_mod.select_unquantized_moe_backend(SimpleNamespace())
+        assert backend == oracle.UnquantizedMoeBackend.TRITON
+        assert experts is oracle.backend_to_kernel_cls(oracle.UnquantizedMoeBackend.TRITON)[0]  # 0.32: a list
+        assert experts.__name__ == "TritonExperts"
+        tpu = SimpleNamespace(is_cpu=lambda: False, is_tpu=lambda: True, is_out_of_tree=lambda: False)
+        monkeypatch.setattr(oracle, "current_platform", tpu)  # any other backend passes through unchanged
+        assert method_mod.select_unquantized_moe_backend(SimpleNamespace()) == (oracle.UnquantizedMoeBackend.TPU, None)
+    finally:
+        patching.restore(maca_moe.NAME)

@@ -123,3 +123,46 @@ def test_the_static_checks_have_teeth():
     assert ("vllm.platforms.interface", "Platform") in imports and len(imports) >= 5
     tree = ast.parse("from a import b as c\nX = 1\ntry:\n    import d.e\nexcept ImportError:\n    Y = 2\n")
     assert _defined(tree) == {"c", "X", "d", "Y"}
+
+
+# ---- each line's own code, run: every MacaPlatform method vLLM's start-up and workers call -------
+
+_LINES = sorted(schemas.TABLE_SOURCES)
+
+
+@pytest.fixture(scope="module")
+def fake_mxsml(tmp_path_factory):
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location("mxsml_build", Path(REPO) / "tests" / "fixtures" / "mxsml_build.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod.build_fake_mxsml(tmp_path_factory.mktemp("mxsml"))
+
+
+@pytest.mark.parametrize("key", _LINES, ids=[".".join(map(str, k)) for k in _LINES])
+def test_maca_platform_calls_on_each_line(key, fake_mxsml):
+    """The 0.23 GPU run died in ``get_device_capability`` (``visible_device_id_to_physical_device_id``
+    exists from 0.24 only): the static checks above saw the override, not the base method it
+    called. Here each method runs on the line's own ``Platform``."""
+    import json
+    import subprocess
+    import sys
+
+    from conftest import line_source
+    from vllm_platform_ext import detect
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("VLLM_", "FAKE_MXSML", "CUDA_VISIBLE"))}
+    env.update(PYTHONPATH=os.pathsep.join([line_source(key), REPO]), VLLM_PLUGINS="")
+    env[detect.MXSML_LIB_ENV] = str(fake_mxsml)
+    proc = subprocess.run([sys.executable, os.path.join(REPO, "tests", "maca_line_child.py")], env=env,
+                          capture_output=True, text=True, timeout=600, cwd=REPO)
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
+    assert lines, f"rc {proc.returncode}:\n{proc.stderr[-3000:]}"
+    res = json.loads(lines[-1][len("RESULT "):])
+    assert res["vllm"].startswith(f"{key[0]}.{key[1]}.")
+    assert res["errors"] == {}, res["errors"]
+    assert res["calls"]["device_count"] == "2"
+    assert res["calls"]["get_device_capability"].startswith("DeviceCapability(")
+    assert res["calls"]["device_id_to_physical_device_id"] == "1"

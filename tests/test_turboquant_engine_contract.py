@@ -26,10 +26,10 @@ LINES = sorted(schemas.TABLE_SOURCES)
 EXPECTED_LAYOUT = {"BNHC": "(blocks, tokens, heads, slot)", "BHNC": "(blocks, heads, tokens, slot)"}
 
 
-def run_child(key: tuple[int, int], plugin_root: str = REPO) -> dict:
+def run_child(key: tuple[int, int], plugin_root: str = REPO, op: str = "torch", presets=()) -> dict:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([line_source(key), plugin_root]), VLLM_PLUGINS="",
-               TRITON_INTERPRET="1")
-    proc = subprocess.run([sys.executable, CHILD], capture_output=True, text=True, env=env, timeout=900,
+               TRITON_INTERPRET="1", CONTRACT_OP=op)
+    proc = subprocess.run([sys.executable, CHILD, *presets], capture_output=True, text=True, env=env, timeout=900,
                           cwd=REPO)
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
     assert lines, f"child printed no result (rc {proc.returncode}):\n{proc.stderr[-3000:]}"
@@ -48,7 +48,8 @@ def test_verify_route_in_the_lines_own_cache(key):
     assert res["vllm"].startswith(f"{key[0]}.{key[1]}.") and res["vllm_file"].startswith(line_source(key))
     assert res["skip_if"] is None
     assert res["probed"].startswith(EXPECTED_LAYOUT[EXPECTED_AXES[key]]), res["probed"]
-    assert [p["preset"] for p in res["presets"]] == list(PRESETS)
+    assert [p["preset"] for p in res["presets"]] == [p for p in PRESETS for _ in (0, 1)]
+    assert [p.get("route") for p in res["presets"]] == ["k+1", "rows"] * len(PRESETS)
     for p in res["presets"]:
         assert "error" not in p, f"{p['preset']}: {p['error']}\n{p.get('trace')}"
         assert p["inference_tensors"], p
@@ -56,4 +57,18 @@ def test_verify_route_in_the_lines_own_cache(key):
         # up to the preset's quantization (fp8 keys ~0.09, 3-bit ~0.19 relative)
         assert max(p["store_rel_err"]) < 0.25, p
         assert p["max_abs_err"] < 1e-4, p
+        assert p["rows_past_end_untouched"], p
+
+
+@pytest.mark.parametrize("key", [(0, 23), (0, 26)], ids=["0.23", "0.26"])
+def test_triton_kernel_in_the_lines_own_cache(key):
+    """The same contract through the Triton verify kernel (the entry MACA and pre-Gluon GPUs take),
+    run by the interpreter on the line's token-major (0.23) and head-major (0.26) cache."""
+    res = run_child(key, op="triton", presets=("turboquant_k8v4", "turboquant_3bit_nc"))
+    assert "error" not in res, f"{res.get('error')}\n{res.get('trace')}"
+    assert res["op"].endswith("triton_verify:turboquant_verify_attention")
+    for p in res["presets"]:
+        assert "error" not in p, f"{p['preset']}: {p['error']}\n{p.get('trace')}"
+        assert max(p["store_rel_err"]) < 0.25 and p["inference_tensors"], p
+        assert p["max_abs_err"] < 2e-3, p  # fp16 operands in the kernel's dots
         assert p["rows_past_end_untouched"], p

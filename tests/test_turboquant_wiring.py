@@ -14,7 +14,7 @@ import torch
 from vllm_platform_ext import patching
 from vllm_platform_ext.ops.turboquant import layout as L
 from vllm_platform_ext.ops.turboquant import reference as R
-from vllm_platform_ext.ops.turboquant.routing import uniform_verify_width, workspace_rows
+from vllm_platform_ext.ops.turboquant.routing import spec_verify_rows, uniform_verify_width, workspace_rows
 
 tq = pytest.importorskip("vllm.v1.attention.backends.turboquant_attn")
 wiring = pytest.importorskip("vllm_platform_ext.wiring.turboquant")
@@ -43,6 +43,19 @@ wiring = pytest.importorskip("vllm_platform_ext.wiring.turboquant")
 )
 def test_uniform_verify_width(lens, ntok, maxq, nspec, want):
     assert uniform_verify_width(lens, ntok, maxq, nspec) == want
+
+
+@pytest.mark.parametrize("lens, ntok, nspec, want", [
+    ([4, 1, 2], 7, 3, ([0, 0, 0, 0, 1, 2, 2], [3, 2, 1, 0, 0, 1, 0])),  # ngram: full, none, short drafts
+    ([1, 3, 0], 4, 3, ([0, 1, 1, 1], [0, 2, 1, 0])),  # a padding request contributes no row
+    ([4, 4], 8, 3, ([0, 0, 0, 0, 1, 1, 1, 1], [3, 2, 1, 0, 3, 2, 1, 0])),
+    ([1, 1], 2, 3, None),  # plain decode keeps vLLM's decode path
+    ([5, 1], 6, 3, None),  # a prefill chunk longer than K+1
+    ([4, 2], 8, 3, None),  # token count does not add up
+    ([4, 2], 6, 0, None),  # no speculation
+])
+def test_spec_verify_rows(lens, ntok, nspec, want):
+    assert spec_verify_rows(lens, ntok, nspec) == want
 
 
 def test_workspace_rows():
@@ -149,8 +162,14 @@ def test_build_tags_metadata(patched, monkeypatch):
 
     built = wiring._build_factory(fake_orig)(fake, 0, cam)
     assert built.verify_k1 == 4 and calls == [cam]
+    assert built.verify_rows is None
     cam2 = SimpleNamespace(query_start_loc_cpu=torch.tensor([0, 4, 5]), num_actual_tokens=5, max_query_len=4)
-    assert wiring._build_factory(fake_orig)(fake, 0, cam2).verify_k1 == 0
+    mixed = wiring._build_factory(fake_orig)(fake, 0, cam2)  # ngram: a verify and a plain decode
+    assert mixed.verify_k1 == 0
+    assert [t.tolist() for t in mixed.verify_rows] == [[0, 0, 0, 0, 1], [3, 2, 1, 0, 0]]
+    cam3 = SimpleNamespace(query_start_loc_cpu=torch.tensor([0, 6, 7]), num_actual_tokens=7, max_query_len=6)
+    prefill = wiring._build_factory(fake_orig)(fake, 0, cam3)  # a prefill chunk: vLLM's path
+    assert prefill.verify_k1 == 0 and prefill.verify_rows is None
     assert callable(orig)
 
 

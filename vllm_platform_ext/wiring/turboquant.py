@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from vllm_platform_ext.ops.turboquant.routing import uniform_verify_width, workspace_rows
+from vllm_platform_ext.ops.turboquant.routing import spec_verify_rows, uniform_verify_width, workspace_rows
 from vllm_platform_ext import patching
 from vllm_platform_ext.patching import Patch, PatchGroup
 from vllm_platform_ext.wiring import turboquant_layout
@@ -54,6 +54,20 @@ def verify_width(common_attn_metadata: Any, num_spec_tokens: int) -> int:
                                 int(common_attn_metadata.max_query_len), num_spec_tokens)
 
 
+def verify_rows(common_attn_metadata: Any, num_spec_tokens: int, device: torch.device):
+    """For a non-uniform batch of decode and verify requests (see ``routing.spec_verify_rows``):
+    ``(request of each row, tokens after it)`` as int64 tensors on ``device``, else None. Built on
+    the host once per step by the metadata builder."""
+    qsl = getattr(common_attn_metadata, "query_start_loc_cpu", None)
+    if qsl is None or num_spec_tokens < 1:
+        return None
+    rows = spec_verify_rows((qsl[1:] - qsl[:-1]).tolist(), int(common_attn_metadata.num_actual_tokens),
+                            num_spec_tokens)
+    if rows is None:
+        return None
+    return tuple(torch.tensor(x, dtype=torch.int64).to(device, non_blocking=True) for x in rows)
+
+
 def _workspace(impl: Any, device: torch.device):
     from vllm_platform_ext.ops.turboquant.workspace import VerifyWorkspace
 
@@ -67,12 +81,14 @@ def _workspace(impl: Any, device: torch.device):
 
 
 def _route_ok(impl: Any, attn_metadata: Any) -> int:
+    """K+1 for a uniform verify batch, 1 for a tagged non-uniform decode/verify batch (one row per
+    token), 0 to keep vLLM's path."""
     if attn_metadata is None or getattr(impl, "_soa_store", False):
         return 0  # SoA (FlyDSL) caches have another byte layout: keep vLLM's path
     k1 = int(getattr(attn_metadata, "verify_k1", 0) or 0)
-    if k1 < 2 or k1 > getattr(impl, "_pe_num_spec", 0) + 1:
-        return 0
-    return k1
+    if 2 <= k1 <= getattr(impl, "_pe_num_spec", 0) + 1:
+        return k1
+    return 1 if getattr(attn_metadata, "verify_rows", None) is not None else 0
 
 
 _MISMATCH_REPORTED: set[str] = set()
@@ -119,7 +135,12 @@ def verify_forward(impl: Any, layer: Any, query: torch.Tensor, kv_cache: torch.T
         output = torch.zeros(query.shape[0], hq * d, dtype=query.dtype, device=query.device)
     if n <= 0:
         return output.fill_(0)
-    b = n // k1
+    if k1 == 1:  # one decode row per token: each row's own request and causal window
+        req, after = attn_metadata.verify_rows
+        block_table, seq_lens, b = attn_metadata.block_table[req], attn_metadata.seq_lens[req] - after, n
+    else:
+        b = n // k1
+        block_table, seq_lens = attn_metadata.block_table[:b], attn_metadata.seq_lens[:b]
     q = query[:n].view(n, hq, d)
     impl._ensure_on_device(layer, q.device)
     platform = active_platform()
@@ -127,7 +148,7 @@ def verify_forward(impl: Any, layer: Any, query: torch.Tensor, kv_cache: torch.T
     extra = op_config(OP, platform)
     if platform != "cpu":
         extra["workspace"] = _workspace(impl, q.device)
-    op(q, cache, attn_metadata.block_table[:b], attn_metadata.seq_lens[:b], k1,
+    op(q, cache, block_table, seq_lens.to(torch.int32), k1,
        preset=impl.kv_cache_dtype, scale=impl.scale, centroids=layer._tq_centroids, PiT=layer._tq_PiT,
        out=output[:n].view(n, hq, d), **extra)
     return output
@@ -136,7 +157,9 @@ def verify_forward(impl: Any, layer: Any, query: torch.Tensor, kv_cache: torch.T
 def _build_factory(orig):
     def build(self, common_prefix_len, common_attn_metadata, fast_build=False):
         md = orig(self, common_prefix_len, common_attn_metadata, fast_build)
-        md.verify_k1 = verify_width(common_attn_metadata, _num_spec_tokens(self.vllm_config))
+        nspec = _num_spec_tokens(self.vllm_config)
+        md.verify_k1 = verify_width(common_attn_metadata, nspec)
+        md.verify_rows = None if md.verify_k1 else verify_rows(common_attn_metadata, nspec, md.seq_lens.device)
         return md
 
     return build

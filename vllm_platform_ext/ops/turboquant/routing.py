@@ -49,3 +49,23 @@ def uniform_verify_width(
             continue
         return 0
     return w if int(query_lens[0]) == w else 0
+
+
+def spec_verify_rows(query_lens: Sequence[int], num_actual_tokens: int,
+                     num_spec_tokens: int) -> tuple[list[int], list[int]] | None:
+    """One decode row per query token for a speculative batch that is not uniform but holds only
+    decode and verify requests (every length ``<= num_spec_tokens + 1``, at least one ``>= 2``):
+    ngram proposes fewer drafts, or none, for some requests. Returns ``(request of each row,
+    tokens after the row in its request)``; row ``i`` then attends to the first
+    ``seq_len[request] - after`` positions -- the same causal window as in the K+1 kernel. None for
+    any other batch (a prefill chunk longer than K+1, no speculation, a token count that does not
+    add up)."""
+    if num_spec_tokens < 1:
+        return None
+    lens = [int(q) for q in query_lens]
+    if not lens or sum(lens) != num_actual_tokens or max(lens) < 2 or max(lens) > num_spec_tokens + 1 \
+            or min(lens) < 0:
+        return None
+    req = [r for r, q in enumerate(lens) for _ in range(q)]
+    after = [q - 1 - t for q in lens for t in range(q)]
+    return req, after
