@@ -116,6 +116,12 @@ def test_cudagraph_support_is_declared_truthfully(patched):
     without = SimpleNamespace(speculative_config=None)
     assert B.get_cudagraph_support(with_spec, None) == AttentionCGSupport.UNIFORM_BATCH
     assert B.get_cudagraph_support(without, None) == B._cudagraph_support  # unchanged without spec
+    for method in ("mtp", "qwen3_next_mtp", "eagle3"):
+        cfg = SimpleNamespace(speculative_config=SimpleNamespace(num_speculative_tokens=3, method=method))
+        assert B.get_cudagraph_support(cfg, None) == AttentionCGSupport.UNIFORM_BATCH, method
+    # ngram + FULL graphs measured wrong on the GPU (H100, vLLM 0.23; eager right): not declared
+    ngram = SimpleNamespace(speculative_config=SimpleNamespace(num_speculative_tokens=3, method="ngram"))
+    assert B.get_cudagraph_support(ngram, None) == AttentionCGSupport.UNIFORM_SINGLE_TOKEN_DECODE
 
 
 def test_soa_probe_stays_off_rocm_code_elsewhere(monkeypatch):
