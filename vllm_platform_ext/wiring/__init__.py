@@ -9,6 +9,6 @@ from vllm_platform_ext.patching import PatchGroup
 
 
 def groups() -> list[PatchGroup]:
-    from vllm_platform_ext.wiring import gdn_cpu, gdn_cuda, turboquant, turboquant_workspace
+    from vllm_platform_ext.wiring import gdn_cpu, gdn_cuda, turboquant, turboquant_workspace, vllm_env
 
-    return [*gdn_cpu.GROUPS, *gdn_cuda.GROUPS, *turboquant.GROUPS, *turboquant_workspace.GROUPS]
+    return [*vllm_env.GROUPS, *gdn_cpu.GROUPS, *gdn_cuda.GROUPS, *turboquant.GROUPS, *turboquant_workspace.GROUPS]
