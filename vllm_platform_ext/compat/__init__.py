@@ -101,10 +101,12 @@ def select_table(version: str | None = None) -> TableChoice:
         why = "no table fits the installed ops better than another"
     best = max(scores.values(), default=0)
     if best > 0 and list(scores.values()).count(best) < len(scores):
-        key = max(k for k, v in scores.items() if v == best)
+        tied = sorted(k for k, v in scores.items() if v == best)
+        key = tied[-1]
+        ties = f"; {', '.join(f'{a}.{b}' for a, b in tied)} fit equally, the newest taken" if len(tied) > 1 else ""
         return TableChoice(key, TABLES[key], "probed",
                            f"vLLM's version {version!r} does not parse; table {key[0]}.{key[1]} chosen by probing the "
-                           f"installed _C ops ({best} of its {len(TABLES[key])} rows present and matching)")
+                           f"installed _C ops ({best} of its {len(TABLES[key])} rows present and matching{ties})")
     key = max(TABLES)
     return TableChoice(key, TABLES[key], "newest",
                        f"vLLM's version {version!r} does not parse and {why}; using the newest table "

@@ -172,8 +172,9 @@ def audit_kind(kind: str, model_dir: Path, configs: list[EngineConfig], settings
         runs = [EngineRun(c.mode, c.k, error=why, ssm_cache_dtype=c.ssm_cache_dtype, kv_cache_dtype=c.kv_cache_dtype,
                           graphs=c.graphs) for c in configs]
     log(f"[verify] {kind}: engine runs {time.perf_counter() - t0:.1f}s; {describe_engine_path(runs)}")
-    ref = Reference(str(model_dir))
-    floor = ref.floor(prompts, settings.max_tokens).bad_fraction
+    ran = [r for r in runs if not r.error]
+    ref = Reference(str(model_dir)) if ran else None  # no run to audit: no transformers pass either
+    floor = ref.floor(prompts, settings.max_tokens).bad_fraction if ref else float("nan")
     rows = []
     for run in runs:
         if run.error:
