@@ -172,6 +172,43 @@ def test_vllm_env_validation_accepts_own_switches(python, tmp_path):
     assert "Unknown vLLM environment variable" not in proc.stderr
 
 
+OLD_LINE_VALIDATE = """
+import json
+import vllm, vllm_platform_ext
+from vllm import envs
+from vllm_platform_ext import patching
+vllm_platform_ext.bootstrap()
+out = {'vllm': vllm.__version__, 'entry': vllm_platform_ext.bootstrap_report().find('patch', 'vllm_env.own_switches').detail}
+envs.validate_environ(True)  # what EngineArgs.create_engine_config calls on 0.22-0.26
+out['with_group'] = 'ok'
+patching.restore('vllm_env.own_switches')
+try:
+    envs.validate_environ(True)
+    out['without_group'] = 'ok'
+except ValueError as exc:
+    out['without_group'] = str(exc)
+print('JSON' + json.dumps(out))
+"""
+
+
+def test_old_line_env_validation_accepts_own_switches(tmp_path):
+    """vLLM 0.23 (the old-line venv) validates through vllm.envs.validate_environ, which
+    MacaPlatform's override never reaches: the group covers it too."""
+    from conftest import REPO, old_vllm_python
+
+    py = old_vllm_python()
+    if not os.path.exists(py):
+        pytest.fail(f"old-vLLM venv missing ({py}): run `bash scripts/old_vllm_venv.sh` (setup step)")
+    env = _clean_env(**{S: "0", switches.GDN_VALIDATE: "1", "PYTHONPATH": REPO, "VLLM_PLUGINS": ""})
+    proc = subprocess.run([py, "-c", OLD_LINE_VALIDATE], env=env, cwd=str(tmp_path), capture_output=True,
+                          text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    out = json.loads([ln for ln in proc.stdout.splitlines() if ln.startswith("JSON")][-1][4:])
+    assert out["vllm"].startswith("0.2") and out["with_group"] == "ok", out
+    assert "vllm.envs.validate_environ on 0.22-0.26" in out["entry"]
+    assert out["without_group"].startswith("Unknown vLLM environment variable detected: VLLM_PLATFORM_EXT_")
+
+
 # ---- doctor --------------------------------------------------------------------------------------
 
 
