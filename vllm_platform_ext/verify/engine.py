@@ -307,7 +307,7 @@ def run_many(model: str, prompts: list[list[int]], configs: list[EngineConfig],
                             kv_cache_dtype=cfg.kv_cache_dtype, graphs=cfg.graphs)
             gc.collect()
             if log:
-                log(f"[engine] {run.label}: ERROR {type(exc).__name__}: {exc}")
+                log(f"[engine] {run.label}: ERROR {type(exc).__name__}: {exc}\n{tb}")
             runs.append(run)
             continue
         if log:
