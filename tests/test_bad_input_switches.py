@@ -132,7 +132,7 @@ def test_engine_refuses_bad_switch_before_vllm_starts(python, tmp_path, var, val
     proc = python(ENGINE_ARGS, env=env)
     assert proc.returncode != 0 and "ENGINE ARGS BUILT" not in proc.stdout
     assert f"SwitchError: bad vllm-platform-ext switch(es): " in proc.stderr and fragment in proc.stderr
-    assert "out of bounds for 0 devices" not in proc.stderr
+    assert "AssertionError: DP adjusted local rank" not in proc.stderr  # vLLM's own, later failure
     # logged through vLLM's logger before the traceback, one line per problem
     assert f"vllm-platform-ext: {var}" in proc.stderr
 
