@@ -73,6 +73,7 @@ def test_bad_switch_in_the_environment_stops_verify(monkeypatch, capsys):
     assert "verify: VLLM_PLATFORM_EXT_STRICT='maybe' is not a boolean; valid values: 1|0|true|false" in err
 
 
+@pytest.mark.engine
 def test_engine_rejection_keeps_whole_reason_and_log(tmp_path, capsys):
     """vLLM rejects max_num_batched_tokens < max_num_seqs with a pydantic error whose first line
     is only '1 validation error for SchedulerConfig': the row carries the whole message."""
