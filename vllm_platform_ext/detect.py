@@ -330,6 +330,15 @@ def _hardware() -> ProbeResult:
     return ProbeResult("maca", reason, details)
 
 
+def hardware_probe() -> ProbeResult:
+    """The hardware answer alone (what ``auto`` would find, without the peer check and whatever
+    ``VLLM_PLATFORM_EXT_PLATFORM`` says); never raises."""
+    try:
+        return _hardware()
+    except Exception as exc:
+        return ProbeResult(None, f"MetaX probe raised {type(exc).__name__}: {exc}")
+
+
 def _with_peers(result: ProbeResult) -> ProbeResult:
     if result.platform != "maca":
         return result

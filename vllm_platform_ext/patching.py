@@ -23,8 +23,9 @@ from typing import Any, Callable, Sequence
 from vllm_platform_ext.report import Report
 
 MARK = "__vllm_platform_ext_patch__"
-STRICT_ENV = "VLLM_PLATFORM_EXT_STRICT"
-DISABLE_ENV = "VLLM_PLATFORM_EXT_DISABLE"  # comma-separated patch-group names
+from vllm_platform_ext.switches import DISABLE as DISABLE_ENV  # comma-separated patch-group names
+from vllm_platform_ext.switches import STRICT as STRICT_ENV
+from vllm_platform_ext.switches import parse_bool
 
 
 class PatchError(RuntimeError):
@@ -40,11 +41,12 @@ class PatchConflict(PatchError):
 
 
 def disabled_groups() -> set[str]:
+    """The names of ``VLLM_PLATFORM_EXT_DISABLE`` (``switches.problems`` rejects unknown ones)."""
     return {n.strip() for n in os.environ.get(DISABLE_ENV, "").split(",") if n.strip()}
 
 
 def strict_mode() -> bool:
-    return os.environ.get(STRICT_ENV, "0").strip().lower() in ("1", "true", "yes", "on")
+    return parse_bool(STRICT_ENV, False)
 
 
 @dataclass(frozen=True)

