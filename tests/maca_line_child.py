@@ -10,7 +10,6 @@ import json
 import os
 import traceback
 
-os.environ["VLLM_PLATFORM_EXT_PLATFORM"] = "maca"
 os.environ.setdefault("FAKE_MXSML_COUNT", "2")
 
 
