@@ -38,13 +38,25 @@ def cpu_bind_lists(tp: int, cpus: list[int] | None = None) -> str:
     return "|".join(out)
 
 
+# On GPUs: no NVLink multicast (the lent multi-GPU machines forbid it: it can take the host's
+# GPUs out of service). vLLM's symmetric-memory all-reduce is the part of it that could reach it.
+GPU_TP_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1",
+              "VLLM_ALLREDUCE_USE_SYMM_MEM": "0"}
+
+
 def apply_tp_env(tp: int) -> None:
-    """Before ``LLM(tensor_parallel_size=tp)`` in this process: on the CPU engine, per-rank CPU
-    lists unless the caller set ``VLLM_CPU_OMP_THREADS_BIND`` already. Nothing on a GPU."""
+    """Before ``LLM(tensor_parallel_size=tp)`` in this process (the workers inherit it): on the CPU
+    engine, per-rank CPU lists unless ``VLLM_CPU_OMP_THREADS_BIND`` is set already; on a GPU,
+    :data:`GPU_TP_ENV` where not set."""
+    if tp <= 1:
+        return
     from vllm.platforms import current_platform
 
-    if current_platform.is_cpu() and tp > 1:
+    if current_platform.is_cpu():
         os.environ.setdefault(BIND_ENV, cpu_bind_lists(tp))
+    else:
+        for k, v in GPU_TP_ENV.items():
+            os.environ.setdefault(k, v)
 
 
 def _distinct(values) -> list:

@@ -23,20 +23,22 @@ from vllm_platform_ext.verify.audit import BAD_NATS, MARGIN, Reference, passes
 from vllm_platform_ext.verify.cpu_paths import NO_AVX512_BF16, PATHS, env_for
 from vllm_platform_ext.verify.engine import GRAPH_MODES, EngineConfig, EngineSettings, run_in_subprocess
 from vllm_platform_ext.verify.prompts import default_prompts
-from vllm_platform_ext.verify.tiny_models import DIMS, KINDS, check_checkpoint, make_tiny_model
+from vllm_platform_ext.verify.ranks import rank_lines
+from vllm_platform_ext.verify.tiny_models import DIMS, EXTRA_KINDS, KINDS, check_checkpoint, make_tiny_model
 
 QUICK_MODES = "base,ngram:2,mtp:2"
 FULL_MODES = "base,ngram:1,ngram:2,ngram:4,mtp:1,mtp:2,mtp:3"
 
 
-def parse_modes(text: str, ssm_cache_dtype: str = "auto", kv: str = "auto", graphs: str = "eager") -> list[EngineConfig]:
+def parse_modes(text: str, ssm_cache_dtype: str = "auto", kv: str = "auto", graphs: str = "eager",
+                tp: int = 1) -> list[EngineConfig]:
     """Every mode[:k] of ``text`` on every KV cache dtype of the comma list ``kv``."""
     out = []
     for kv_dtype in (x.strip() for x in kv.split(",") if x.strip()):
         for item in (x.strip() for x in text.split(",") if x.strip()):
             mode, _, k = item.partition(":")
             out.append(EngineConfig(mode, int(k) if k else 0, ssm_cache_dtype=ssm_cache_dtype,
-                                    kv_cache_dtype=kv_dtype, graphs=graphs))
+                                    kv_cache_dtype=kv_dtype, graphs=graphs, tp=tp))
     return out
 
 
@@ -85,6 +87,7 @@ class Row:
     note: str = ""
     kv: str = "auto"
     graphs: str = "eager"
+    tp: int = 1
 
 
 def judge(run, audit, floor: float, margin: float) -> tuple[bool, str]:
@@ -105,6 +108,9 @@ def audit_kind(kind: str, model_dir: Path, configs: list[EngineConfig], settings
     t0 = time.perf_counter()
     runs = run_in_subprocess(str(model_dir), prompts, configs, settings, env=env)
     log(f"[verify] {kind}: engine runs {time.perf_counter() - t0:.1f}s; {describe_engine_path(runs)}")
+    for run in runs:  # tp > 1: each worker's bootstrap and shapes, one line where the ranks agree
+        for line in rank_lines(run.ranks):
+            log(f"[verify] {kind} {run.label}: {line}")
     ref = Reference(str(model_dir))
     floor = ref.floor(prompts, settings.max_tokens).bad_fraction
     rows = []
@@ -118,13 +124,15 @@ def audit_kind(kind: str, model_dir: Path, configs: list[EngineConfig], settings
             ok, note = judge(run, a, floor, margin)
         rows.append(Row(kind, run.mode, run.k, bad, floor, positions, run.num_drafts,
                         run.num_draft_tokens, run.num_accepted_tokens, run.init_s,
-                        run.generate_s, ok, note, run.kv_cache_dtype, run.graphs))
+                        run.generate_s, ok, note, run.kv_cache_dtype, run.graphs, run.tp))
     return rows
 
 
 def format_table(rows: list[Row], margin: float) -> str:
     extra = any(r.kv != "auto" or r.graphs != "eager" for r in rows)
-    head = (f"{'model':<13} {'mode':<6} {'k':>2} " + (f"{'kv':<9} {'graphs':<18} " if extra else "")
+    tp = any(r.tp > 1 for r in rows)
+    head = (f"{'model':<13} {'mode':<6} {'k':>2} " + (f"{'tp':>2} " if tp else "")
+            + (f"{'kv':<9} {'graphs':<18} " if extra else "")
             + f"{'bad':>6} {'floor':>6} {'limit':>6} {'drafts':>6} {'acc/draft':>10} {'init s':>6} {'gen s':>6}  result")
     lines = [head, "-" * len(head)]
     for r in rows:
@@ -132,7 +140,8 @@ def format_table(rows: list[Row], margin: float) -> str:
         bad = "  err " if r.bad != r.bad else f"{r.bad:6.3f}"
         acc = "-" if r.mode == "base" else f"{r.accepted}/{r.draft_tokens}"
         res = "PASS" if r.passed else "FAIL"
-        lines.append(f"{r.model:<13} {r.mode:<6} {r.k:>2} {cfg}{bad} {r.floor:6.3f} "
+        tp_col = f"{r.tp:>2} " if tp else ""
+        lines.append(f"{r.model:<13} {r.mode:<6} {r.k:>2} {tp_col}{cfg}{bad} {r.floor:6.3f} "
                      f"{r.floor + margin:6.3f} {r.drafts:>6} {acc:>10} {r.init_s:6.1f} "
                      f"{r.generate_s:6.1f}  {res}{'  (' + r.note + ')' if r.note else ''}")
     lines.append(f"bad = fraction of generated positions whose regret under transformers float32 "
@@ -144,7 +153,8 @@ def format_table(rows: list[Row], margin: float) -> str:
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="vllm-platform-ext verify", description=__doc__.splitlines()[0])
     ap.add_argument("--kinds", default=",".join(KINDS),
-                    help=f"comma list of tiny model kinds (default: all of {','.join(KINDS)})")
+                    help=f"comma list of tiny model kinds (default: all of {','.join(KINDS)}; also "
+                         f"{','.join(EXTRA_KINDS)})")
     ap.add_argument("--model-dir", help="audit this local checkpoint instead of the kit's")
     ap.add_argument("--modes", default=QUICK_MODES,
                     help=f"comma list of mode[:k], modes base|ngram|mtp (default {QUICK_MODES})")
@@ -170,6 +180,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help=f"CUDA graph mode (default: eager on the CPU; {GPU_DEFAULTS['graphs']} on a GPU)")
     ap.add_argument("--dims", default=None, choices=tuple(DIMS),
                     help="kit model head sizes (default: cpu on the CPU, gpu (attention 256, linear 128) on a GPU)")
+    ap.add_argument("--tp", type=int, default=1,
+                    help="tensor_parallel_size: worker processes per engine (the CPU engine binds each to its "
+                         "share of this process's CPUs); each rank's bootstrap and shapes are reported")
     ap.add_argument("--json", help="also write the rows to this JSON file")
     return ap
 
@@ -178,7 +191,10 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     defaults = GPU_DEFAULTS if accelerator() == "cuda" else CPU_DEFAULTS
     kv, graphs, dims = (getattr(args, n) or defaults[n] for n in ("kv", "graphs", "dims"))
-    configs = parse_modes(FULL_MODES if args.full else args.modes, args.ssm_cache_dtype, kv, graphs)
+    if args.tp < 1:
+        print(f"verify: --tp {args.tp}: tensor_parallel_size must be >= 1", file=sys.stderr)
+        return 2
+    configs = parse_modes(FULL_MODES if args.full else args.modes, args.ssm_cache_dtype, kv, graphs, args.tp)
     settings = EngineSettings(max_tokens=args.max_tokens, max_num_seqs=args.max_num_seqs,
                               max_num_batched_tokens=args.max_num_batched_tokens)
     try:
