@@ -210,7 +210,7 @@ def worker(job_path: str, out_path: str) -> int:
     log = StepLog(profile=job.get("profile"), profile_to=job.get("profile_to"))
     install_step_timer(log)
     s = job["setup"]
-    cfg = EngineConfig(s["mode"], s["k"], kv_cache_dtype=s["kv"], graphs=s["graphs"])
+    cfg = EngineConfig(s["mode"], s["k"], kv_cache_dtype=s["kv"], graphs=s["graphs"], tp=job.get("tp", 1))
     settings = EngineSettings(max_tokens=job["max_tokens"], max_num_seqs=max(job["batch"], 1),
                               max_num_batched_tokens=job["max_num_batched_tokens"],
                               max_model_len=job["context"] + job["max_tokens"] + 8,
@@ -228,7 +228,7 @@ def worker(job_path: str, out_path: str) -> int:
 # ------------------------------------------------------------------- the driver
 
 def run_setup(model: Path, setup: Setup, batch: int, context: int, a, timeout: float = 3600) -> dict:
-    job = {"model": str(model), "setup": asdict(setup), "batch": batch, "context": context,
+    job = {"model": str(model), "setup": asdict(setup), "batch": batch, "context": context, "tp": a.tp,
            "max_tokens": a.max_tokens, "max_num_batched_tokens": a.max_num_batched_tokens,
            "gpu_memory_utilization": a.gpu_memory_utilization, "dummy": a.model != "tiny",
            "vocab": 256 if a.model == "tiny" else 248320}
@@ -245,13 +245,14 @@ def run_setup(model: Path, setup: Setup, batch: int, context: int, a, timeout: f
                               capture_output=True, text=True, timeout=timeout)
         if proc.returncode != 0:
             tail = (proc.stdout + proc.stderr).strip().splitlines()[-3:]
-            return {"error": " | ".join(tail)[-500:]}
-        return json.loads(op.read_text())
+            return {"error": " | ".join(tail)[-500:], "tp": a.tp}
+        return {**json.loads(op.read_text()), "tp": a.tp}
 
 
 def summarize(setup: Setup, batch: int, context: int, res: dict) -> dict:
     row = {"config": setup.name, "spec": f"mtp k={setup.k}" if setup.mode == "mtp" else setup.mode, "kv": setup.kv,
-           "graphs": setup.graphs, "plugin": setup.plugin, "batch": batch, "context": context}
+           "graphs": setup.graphs, "plugin": setup.plugin, "batch": batch, "context": context,
+           **({"tp": res["tp"]} if res.get("tp", 1) > 1 else {})}
     if "error" in res:
         return row | {"error": res["error"]}
     run, steps = res["run"], res["steps"]
@@ -432,6 +433,7 @@ def main(argv=None) -> int:
     ap.add_argument("--max-tokens", type=int, default=256)
     ap.add_argument("--max-num-batched-tokens", type=int, default=8192)
     ap.add_argument("--gpu-memory-utilization", type=float, default=0.85)
+    ap.add_argument("--tp", type=int, default=1, help="tensor_parallel_size (2: a 2-GPU machine)")
     ap.add_argument("--profile", action="store_true",
                     help="also write a torch.profiler trace + op table of one verify (or plain) step per run "
                          "(the profiler stays initialised afterwards: take timings from a run without it)")
@@ -465,7 +467,7 @@ def main(argv=None) -> int:
                             rows.append(row)
                             break
     title = f"End-to-end speculative decoding, model {a.model}" + (
-        f" ({a.layers} layers, dummy weights)" if a.model != "tiny" else "")
+        f" ({a.layers} layers, dummy weights)" if a.model != "tiny" else "") + (f", TP={a.tp}" if a.tp > 1 else "")
     head = run_header(device=next((r["device"] for r in rows if r.get("device")), None) or "?")
     body = report(rows, out, title, head)
     print(f"# {title}\n\n{header_markdown(head)}\n\n{body}")

@@ -148,7 +148,7 @@ def test_run_sh_does_the_steps_asked_in_order(tmp_path):
     assert calls[4] == f"|benchmarks/e2e_spec_decode.py --model tiny --out {out / 'e2e-tiny'}"
     assert len(calls) == 5
     proc = subprocess.run(run + ["--do", "engine,bench"], capture_output=True, text=True)
-    assert proc.returncode == 2 and "--do takes engine, kernels, e2e; got bench" in proc.stderr
+    assert proc.returncode == 2 and "--do takes engine, kernels, e2e, e2e-tp2; got bench" in proc.stderr
 
 # ------------------------------------------------------------------------------ the cells
 

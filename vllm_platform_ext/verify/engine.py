@@ -34,7 +34,7 @@ GRAPH_MODES = {"eager": None, "piecewise": "PIECEWISE", "full": "FULL",
 
 
 def run_label(mode: str, k: int, ssm_cache_dtype: str = "auto", kv_cache_dtype: str = "auto",
-              graphs: str = "eager") -> str:
+              graphs: str = "eager", tp: int = 1) -> str:
     label = mode if mode == "base" else f"{mode} k={k}"
     if ssm_cache_dtype != "auto":
         label += f" ssm={ssm_cache_dtype}"
@@ -42,6 +42,8 @@ def run_label(mode: str, k: int, ssm_cache_dtype: str = "auto", kv_cache_dtype: 
         label += f" kv={kv_cache_dtype.removeprefix('turboquant_')}"
     if graphs != "eager":
         label += f" graphs={graphs}"
+    if tp > 1:
+        label += f" tp={tp}"
     return label
 
 
@@ -54,6 +56,7 @@ class EngineConfig:
     ssm_cache_dtype: str = "auto"  # vLLM's mamba_ssm_cache_dtype ("auto": the platform decides)
     kv_cache_dtype: str = "auto"  # vLLM's kv_cache_dtype, e.g. turboquant_k8v4
     graphs: str = "eager"  # a GRAPH_MODES key
+    tp: int = 1  # tensor_parallel_size; > 1 runs that many worker processes (the mp executor)
 
     def __post_init__(self):
         if self.mode not in MODES:
@@ -62,10 +65,12 @@ class EngineConfig:
             raise ValueError(f"mode {self.mode!r} with k={self.k}: base needs k=0, spec modes k>=1")
         if self.graphs not in GRAPH_MODES:
             raise ValueError(f"graphs {self.graphs!r} not in {tuple(GRAPH_MODES)}")
+        if not isinstance(self.tp, int) or self.tp < 1:
+            raise ValueError(f"tp {self.tp!r}: tensor_parallel_size must be an int >= 1")
 
     @property
     def label(self) -> str:
-        return run_label(self.mode, self.k, self.ssm_cache_dtype, self.kv_cache_dtype, self.graphs)
+        return run_label(self.mode, self.k, self.ssm_cache_dtype, self.kv_cache_dtype, self.graphs, self.tp)
 
     def engine_kwargs(self) -> dict:
         """The ``LLM(...)`` arguments this config sets."""
@@ -79,6 +84,8 @@ class EngineConfig:
             kw["mamba_ssm_cache_dtype"] = self.ssm_cache_dtype
         if self.kv_cache_dtype != "auto":
             kw["kv_cache_dtype"] = self.kv_cache_dtype
+        if self.tp > 1:
+            kw.update(tensor_parallel_size=self.tp, distributed_executor_backend="mp")
         return kw
 
     def speculative_config(self) -> dict | None:
@@ -123,10 +130,12 @@ class EngineRun:
     engine_path: dict = field(default_factory=dict)  # what the engine chose: cpu path, SSM dtype, layout
     kv_cache_dtype: str = "auto"
     graphs: str = "eager"
+    tp: int = 1
+    ranks: list = field(default_factory=list)  # tp > 1: verify.ranks.rank_state() of each worker
 
     @property
     def label(self) -> str:
-        return run_label(self.mode, self.k, self.ssm_cache_dtype, self.kv_cache_dtype, self.graphs)
+        return run_label(self.mode, self.k, self.ssm_cache_dtype, self.kv_cache_dtype, self.graphs, self.tp)
 
     @property
     def acceptance(self) -> float:
@@ -266,6 +275,10 @@ def run_engine(model: str, prompts: list[list[int]], cfg: EngineConfig,
     if settings.kv_cache_memory_bytes:
         kw["kv_cache_memory_bytes"] = settings.kv_cache_memory_bytes
     kw.update(llm_kwargs or {})
+    if cfg.tp > 1:
+        from vllm_platform_ext.verify.ranks import apply_tp_env
+
+        apply_tp_env(cfg.tp)
     _guard_vllm_kernel_rescan()
     t0 = time.perf_counter()
     llm = LLM(**kw)
@@ -282,13 +295,18 @@ def run_engine(model: str, prompts: list[list[int]], cfg: EngineConfig,
         outs = llm.generate(batch, sp, use_tqdm=False)
         gen_s = time.perf_counter() - t1
         after = _spec_counters(llm)
+        ranks = []
+        if cfg.tp > 1:  # each worker's own bootstrap, patches and per-rank shapes, after the run
+            from vllm_platform_ext.verify.ranks import rank_state
+
+            ranks = sorted(llm.collective_rpc(rank_state), key=lambda r: r.get("rank", -1))
     finally:
         _shutdown(llm)
     tokens = [list(o.outputs[0].token_ids) for o in outs]
     run = EngineRun(mode=cfg.mode, k=cfg.k, tokens=tokens, init_s=init_s, generate_s=gen_s,
                     num_generated=sum(len(t) for t in tokens), patches=plugin_patch_status(),
                     ssm_cache_dtype=cfg.ssm_cache_dtype, engine_path=path,
-                    kv_cache_dtype=cfg.kv_cache_dtype, graphs=cfg.graphs,
+                    kv_cache_dtype=cfg.kv_cache_dtype, graphs=cfg.graphs, tp=cfg.tp, ranks=ranks,
                     **{k: after[k] - before[k] for k in after})
     for i, t in enumerate(tokens):
         if len(t) != settings.max_tokens:
@@ -309,7 +327,7 @@ def run_many(model: str, prompts: list[list[int]], configs: list[EngineConfig],
             tb = traceback.format_exc(limit=-3)
             run = EngineRun(mode=cfg.mode, k=cfg.k, error=f"{type(exc).__name__}: {exc}", traceback=tb,
                             patches=plugin_patch_status(), ssm_cache_dtype=cfg.ssm_cache_dtype,
-                            kv_cache_dtype=cfg.kv_cache_dtype, graphs=cfg.graphs)
+                            kv_cache_dtype=cfg.kv_cache_dtype, graphs=cfg.graphs, tp=cfg.tp)
             gc.collect()
             if log:
                 log(f"[engine] {run.label}: ERROR {type(exc).__name__}: {exc}\n{tb}")

