@@ -119,36 +119,115 @@ def test_lock_entry_is_complete_for_its_vllm_wheel(key):
 
 
 
+def _fake_machine_python(path: Path, log: Path) -> Path:
+    """A stand-in for the machine's interpreter: imports torch, and its machine_venv.py run logs."""
+    path.write_text(f'#!/usr/bin/env bash\n[ "$1" = "-c" ] && exit 0\necho "machine|$*" >> {log}\n')
+    path.chmod(0o755)
+    return path
+
+
 def test_run_sh_does_the_steps_asked_in_order(tmp_path):
-    """run.sh on the GPU machine: with its venv already made (the stamp), ``--do kernels,engine,e2e``
-    runs the kernel tests, the cells and the e2e benchmark in that order, each with its results
-    path; an unknown step is refused. (A fake venv python logs its arguments.)"""
+    """run.sh on the GPU machine: the venv is built by the interpreter that holds torch
+    (machine_venv.py), then ``--do kernels-quick,kernels,engine,e2e`` runs the kernel tiers, the
+    cells and the e2e benchmark in that order, each with its results path and settings; an unknown
+    step or memory mode is refused before anything runs. (Fake pythons log their arguments.)"""
     import shutil
 
     root = tmp_path / "b"
     (root / "project" / "ci" / "gpu").mkdir(parents=True)
     shutil.copy(os.path.join(REPO, "ci", "gpu", "run.sh"), root / "project" / "ci" / "gpu" / "run.sh")
     (root / "venv" / "bin").mkdir(parents=True)
-    (root / "venv" / ".installed").touch()
     log = tmp_path / "calls.log"
     fake = root / "venv" / "bin" / "python"
     fake.write_text(f'#!/usr/bin/env bash\n[ "$1" = "-" ] && cat >/dev/null\n'
-                    f'echo "${{VPE_CELLS_SUITE:-}}|$*" >> {log}\n')
+                    f'echo "${{VPE_CELLS_SUITE:-}}${{VPE_GPU_TIER:-}}${{VPE_GPU_SHARD:-}}|'
+                    f'${{VPE_CELLS_MEMORY:-}}|${{VPE_REFERENCE_PYTHON:-}}|$*" >> {log}\n')
     fake.chmod(0o755)
+    machine = _fake_machine_python(tmp_path / "machine-python3", log)
+    env = {**os.environ, "PYTHON": str(machine)}
     run = ["bash", str(root / "project" / "ci" / "gpu" / "run.sh"), "--wheels", str(tmp_path), "--suite", "core"]
-    proc = subprocess.run(run + ["--do", "kernels,engine,e2e"], capture_output=True, text=True)
+    proc = subprocess.run(run + ["--do", "kernels-quick,kernels,engine,e2e", "--memory", "utilization",
+                                 "--kernel-shard", "2/3"], capture_output=True, text=True, env=env)
     assert proc.returncode == 0, proc.stderr
     calls = log.read_text().splitlines()
     out = root / "gpu-results"
-    assert calls[0] == "|-"  # the version check
-    assert calls[1].startswith("|-m pytest") and "-m gpu --junitxml " + str(out / "kernels.xml") in calls[1]
-    assert "tests/test_turboquant_gpu.py tests/test_gdn_gpu.py" in calls[1]
-    assert calls[2].startswith("core|-m pytest") and "-m gpu_engine tests/test_gpu_engine.py" in calls[2]
-    assert calls[3] == f"|benchmarks/e2e_spec_decode.py --model qwen36_a3b --layers 8 --out {out / 'e2e'}"
-    assert calls[4] == f"|benchmarks/e2e_spec_decode.py --model tiny --out {out / 'e2e-tiny'}"
-    assert len(calls) == 5
-    proc = subprocess.run(run + ["--do", "engine,bench"], capture_output=True, text=True)
-    assert proc.returncode == 2 and "--do takes engine, kernels, e2e; got bench" in proc.stderr
+    assert calls[0] == f"machine|{root}/project/ci/gpu/machine_venv.py {root}/venv {tmp_path}"
+    assert calls[1] == f"||{machine}|-"  # the version check
+    assert calls[2].startswith("quick|") and "-m gpu --junitxml " + str(out / "kernels-quick.xml") in calls[2]
+    assert calls[3].startswith("2/3|") and "--junitxml " + str(out / "kernels-2of3.xml") in calls[3]
+    assert "tests/test_turboquant_gpu.py tests/test_gdn_gpu.py" in calls[3]
+    assert calls[4].startswith(f"core|utilization|{machine}|-m pytest") and "-m gpu_engine tests/test_gpu_engine.py" in calls[4]
+    assert calls[5].endswith(f"|benchmarks/e2e_spec_decode.py --model qwen36_a3b --layers 8 --out {out / 'e2e'}")
+    assert calls[6].endswith(f"|benchmarks/e2e_spec_decode.py --model tiny --out {out / 'e2e-tiny'}")
+    assert len(calls) == 7
+    for bad, msg in ((["--do", "engine,bench"], "--do takes check, kernels-quick, kernels, engine, e2e; got bench"),
+                     (["--memory", "lots"], "--memory takes kv-bytes or utilization; got lots")):
+        proc = subprocess.run(run + bad, capture_output=True, text=True, env=env)
+        assert proc.returncode == 2 and msg in proc.stderr
+    assert len(log.read_text().splitlines()) == 7  # refused before the venv or any step
+    proc = subprocess.run(run + ["--do", "check"], capture_output=True, text=True,
+                          env={**os.environ, "PYTHON": "/bin/false"})
+    assert proc.returncode != 0 and "PYTHON=/bin/false cannot import torch" in proc.stderr
+
+
+def _pkg_wheel(out: Path, name: str, init: str) -> Path:
+    info = f"{name}-0.0.1.dist-info"
+    files = {f"{name}/__init__.py": init, f"{info}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: 0.0.1\n",
+             f"{info}/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n"}
+    files[f"{info}/RECORD"] = "".join(f"{n},,\n" for n in files) + f"{info}/RECORD,,\n"
+    return _wheel(out / f"{name}-0.0.1-py3-none-any.whl", files)
+
+
+def test_run_sh_builds_its_venv_on_a_machine_whose_python_is_a_venv(tmp_path):
+    """Issue 32: the GPU machine's python3 is itself a venv holding torch; a venv made from it
+    with --system-site-packages sees the base interpreter's site-packages, not its parent's. Here
+    a machine venv holds a (fake) torch and Triton and is first on PATH: run.sh finds it, builds
+    the run venv, and torch and Triton import there from the machine's site-packages; without
+    the .pth machine_venv.py writes, the run venv cannot import torch (the failure reproduced)."""
+    import shutil
+    import sysconfig
+
+    machine = tmp_path / "opt" / "torch" / ".venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(machine)], check=True)
+    msite = Path(subprocess.run([str(machine / "bin" / "python3"), "-c",
+                                 "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                                capture_output=True, text=True, check=True).stdout.strip())
+    (msite / "torch").mkdir()
+    (msite / "torch" / "__init__.py").write_text(
+        "__version__ = '2.11.0+fake'\nclass version:\n    cuda = None\n"
+        "class cuda:\n    is_available = staticmethod(lambda: False)\n")
+    (msite / "triton").mkdir()
+    (msite / "triton" / "__init__.py").write_text("__version__ = '3.6.0+fake'\n")
+    base = subprocess.run([str(machine / "bin" / "python3"), "-c", "import sys; print(sys.base_prefix)"],
+                          capture_output=True, text=True).stdout.strip()
+    assert subprocess.run([os.path.join(base, "bin", "python3"), "-c", "import torch"],
+                          capture_output=True).returncode != 0, "the base interpreter must not have torch here"
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    _pkg_wheel(wheels, "vllm", "__version__ = '0.23.0+fake'\n")
+    _pkg_wheel(wheels, "vllm_platform_ext", "")
+    root = tmp_path / "b"
+    (root / "project" / "ci").mkdir(parents=True)
+    shutil.copytree(os.path.join(REPO, "ci", "gpu"), root / "project" / "ci" / "gpu")
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHON", "PYTHONPATH", "VIRTUAL_ENV")}
+    env["PATH"] = f"{machine / 'bin'}:{env['PATH']}"
+    run = ["bash", str(root / "project" / "ci" / "gpu" / "run.sh"), "--wheels", str(wheels), "--do", "check"]
+    proc = subprocess.run(run, capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "torch 2.11.0+fake cuda None device none; vllm 0.23.0+fake" in proc.stdout
+    assert f"torch 2.11.0+fake from {os.path.realpath(msite)}/torch/__init__.py" in proc.stdout
+    assert f"triton 3.6.0+fake from {os.path.realpath(msite)}/triton/__init__.py" in proc.stdout
+    rvenv = root / "venv"
+    stamp = json.loads((rvenv / ".installed").read_text())
+    assert stamp["python"] == os.path.realpath(machine / "bin" / "python3")
+    (pth,) = rvenv.glob("lib/python*/site-packages/_vpe_machine_site.pth")
+    rpy = str(rvenv / "bin" / "python")
+    assert subprocess.run([rpy, "-c", "import torch"], env=env).returncode == 0
+    pth.unlink()  # what --system-site-packages alone gives a venv of a venv
+    assert subprocess.run([rpy, "-c", "import torch"], env=env, capture_output=True).returncode != 0
+    proc = subprocess.run(run, capture_output=True, text=True, env=env, timeout=300)  # the stamp holds: no rebuild
+    assert proc.returncode != 0 and "cannot import torch" in proc.stderr
+
 
 # ------------------------------------------------------------------------------ the cells
 
@@ -264,3 +343,25 @@ def test_run_cells_records_unsupported_families_and_judges_the_rest(monkeypatch,
     assert res[todo[2].id].status == "unsupported" and "qwen3_5_text" in res[todo[2].id].error
     table = cells.markdown(list(res.values()))
     assert "upstream-crash: AssertionError: Workspace is locked" in table and "unsupported:" in table
+
+
+def _collect(env: dict) -> list[str]:
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "--collect-only", "-p", "no:cacheprovider", "-m", "gpu",
+                           "tests/test_turboquant_gpu.py", "tests/test_gdn_gpu.py"], capture_output=True, text=True,
+                          cwd=REPO, env={**os.environ, **env}, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    return [l for l in proc.stdout.splitlines() if "::" in l]
+
+
+def test_gpu_kernel_tiers_quick_covers_every_test_once_and_shards_partition_the_full_tier():
+    """run.sh --do kernels-quick runs each GPU kernel test function's first case (every kernel
+    once); --kernel-shard i/n splits the full tier so that the shards together are all of it."""
+    full = _collect({})
+    quick = _collect({"VPE_GPU_TIER": "quick"})
+    funcs = lambda ids: [i.split("[")[0] for i in ids]
+    assert sorted(funcs(quick)) == sorted(set(funcs(full))) and len(quick) < len(full) / 5
+    shards = [_collect({"VPE_GPU_SHARD": f"{i}/3"}) for i in (1, 2, 3)]
+    assert sorted(x for s in shards for x in s) == sorted(full) and all(shards)
+    bad = subprocess.run([sys.executable, "-m", "pytest", "-q", "--collect-only", "tests/test_gdn_gpu.py"], cwd=REPO,
+                         capture_output=True, text=True, env={**os.environ, "VPE_GPU_SHARD": "4/3"})
+    assert bad.returncode != 0 and "VPE_GPU_SHARD='4/3'" in bad.stdout + bad.stderr
