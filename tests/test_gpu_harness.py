@@ -274,6 +274,11 @@ class _Audit:
     (False, "", 0.01, 5, "upstream-works"),
     (False, "", 0.30, 5, "upstream-wrong"),
     (False, "RuntimeError: Workspace is locked", None, 0, "upstream-crash"),
+    # side-by-side engines' memory start-up, a timeout: the harness's, whichever side
+    (False, "ValueError: No available memory for the cache blocks. Try increasing", None, 0, "harness-error"),
+    (True, "AssertionError: Error in memory profiling. Initial free memory 30 GiB, current free memory 31 GiB",
+     None, 0, "harness-error"),
+    (False, "TimeoutExpired: Command '['python']' timed out after 1800 seconds", None, 0, "harness-error"),
 ])
 def test_judge(plugin, error, bad, accepted, want):
     cell = cells.Cell(mode="mtp", k=3, plugin=plugin)
@@ -281,7 +286,38 @@ def test_judge(plugin, error, bad, accepted, want):
     status, note = cells.judge(cell, run, None if bad is None else _Audit(bad), floor=0.0, margin=0.02)
     assert status == want
     if error:
-        assert note == error
+        assert note.endswith(error) and (note.startswith("harness (") == (want == "harness-error"))
+
+
+def test_judge_names_the_known_line_of_a_long_error():
+    err = "RuntimeError: engine subprocess failed (rc=1):\nAssertionError: Workspace is locked but allocation\n" \
+          "RuntimeError: Engine core initialization failed. See root cause above."
+    run = EngineRun(mode="mtp", k=3, error=err)
+    status, note = cells.judge(cells.Cell(mode="mtp", k=3, plugin=False), run, None, 0.0, 0.02)
+    assert status == "upstream-crash" and note == "AssertionError: Workspace is locked but allocation"
+
+
+@pytest.mark.parametrize("cell,version,want", [
+    (cells.Cell("qwen3_next", "mtp", 3, "turboquant_k8v4", plugin=False), "0.23.0", ("upstream-crash", "Workspace is locked")),
+    (cells.Cell("qwen3_next", "ngram", 3, "turboquant_k8v4", plugin=False), "0.22.1", ("upstream-crash", "Workspace is locked")),
+    (cells.Cell("qwen3_next", "mtp", 3, "turboquant_k8v4", plugin=False), "0.24.0", None),  # fixed upstream in 0.24
+    (cells.Cell("qwen3_next", "mtp", 3, "turboquant_k8v4", "eager", plugin=False), "0.23.0", None),  # not observed
+    (cells.Cell("qwen3_next", "base", 0, "turboquant_k8v4", plugin=False), "0.23.0", None),
+    (cells.Cell("qwen3_next", "mtp", 3, "turboquant_k8v4", plugin=True), "0.23.0", None),
+    (cells.Cell("qwen3_next", "mtp", 3, "auto", plugin=False), "0.23.0", None),
+])
+def test_expected_upstream(cell, version, want):
+    assert cells.expected_upstream(cell, version) == want
+
+
+def test_memory_settings_kv_bytes_by_default_on_gpu_suites():
+    kv = cells.settings_for("core", 4)
+    assert kv.kv_cache_memory_bytes == cells.KV_CACHE_BYTES and kv.gpu_memory_utilization == 0.2
+    util = cells.settings_for("core", 1, "utilization")
+    assert util.kv_cache_memory_bytes == 0 and util.gpu_memory_utilization == 0.8
+    assert cells.settings_for("cpu", 1).kv_cache_memory_bytes == 0
+    with pytest.raises(ValueError, match="memory"):
+        cells.settings_for("core", 1, "lots")
 
 
 @pytest.mark.engine
@@ -302,66 +338,65 @@ def test_cpu_suite_through_the_real_engine(tmp_path):
     assert off["status"] in table and on["versions"]["vllm"] in table
 
 
-def test_run_cells_records_unsupported_families_and_judges_the_rest(monkeypatch, tmp_path):
-    """The runner's bookkeeping with the engine and the reference stubbed: a model family the
-    installed transformers cannot write is recorded as unsupported (never run), every other
-    cell runs once and is judged against its family's floor."""
+def test_run_cells_fails_a_family_the_kit_cannot_write_and_judges_the_rest(monkeypatch, tmp_path):
+    """The runner's bookkeeping with the engine and the reference stubbed: a model family the kit
+    cannot write is a kit-error for each of its cells (never run, never a skip), a harness
+    failure is a harness-error, every other cell runs once and is judged against its family's
+    floor from the reference process, which gets each cell's token ids."""
     def make(kind, out, dims):
         if kind == "qwen3_5_text":
             raise ValueError("Unrecognized model identifier: qwen3_5_text")
         return out
 
-    ran = []
+    ran, audited = [], {}
 
     def engine(model, prompts, configs, settings, env, timeout):
         (cfg,) = configs
         ran.append((cfg.label, env))
         if cfg.kv_cache_dtype == "turboquant_k8v4" and "VLLM_PLUGINS" in env:
             return [EngineRun(mode=cfg.mode, k=cfg.k, error="AssertionError: Workspace is locked\n")]
+        if cfg.mode == "ngram":
+            return [EngineRun(mode=cfg.mode, k=cfg.k, error="ValueError: No available memory for the cache blocks")]
         return [EngineRun(mode=cfg.mode, k=cfg.k, tokens=[[5]] * len(prompts), num_draft_tokens=6,
                           num_accepted_tokens=2)]
 
-    class Ref:
-        def __init__(self, path):
-            pass
-
-        def floor(self, prompts, n):
-            return _Audit(0.01)
-
-        def audit(self, prompts, tokens):
-            return _Audit(0.02)
+    def reference(path, prompts, generated, max_tokens, python=None):
+        audited[path] = dict(generated)
+        return _Audit(0.01), {k: _Audit(0.02) for k in generated}
 
     monkeypatch.setattr(cells, "make_tiny_model", make)
     monkeypatch.setattr(cells, "run_in_subprocess", engine)
-    monkeypatch.setattr(cells, "Reference", Ref)
+    monkeypatch.setattr(cells, "reference_audits", reference)
     todo = [cells.Cell(mode="mtp", k=3, kv="turboquant_k8v4", plugin=p) for p in (True, False)]
-    todo.append(cells.Cell("qwen3_5_text", "mtp", 3))
+    todo += [cells.Cell("qwen3_5_text", "mtp", 3), cells.Cell("qwen3_next", "ngram", 3, plugin=False)]
     res = {r.id: r for r in cells.run_cells(todo, tmp_path, cells.settings_for("core", 2), parallel=2)}
-    assert len(ran) == 2 and {tuple(e.items()) for _, e in ran} == {(), (("VLLM_PLUGINS", ""),)}
-    assert res[todo[0].id].status == "pass" and res[todo[0].id].bad == 0.02
+    assert len(ran) == 3 and {tuple(e.items()) for _, e in ran} == {(), (("VLLM_PLUGINS", ""),)}
+    assert list(audited.values()) == [{todo[0].id: [[5]] * 7}]  # only the run that produced tokens
+    assert res[todo[0].id].status == "pass" and res[todo[0].id].bad == 0.02 and res[todo[0].id].floor == 0.01
     assert res[todo[1].id].status == "upstream-crash" and "Workspace is locked" in res[todo[1].id].error
-    assert res[todo[2].id].status == "unsupported" and "qwen3_5_text" in res[todo[2].id].error
+    assert res[todo[2].id].status == "kit-error" and "qwen3_5_text" in res[todo[2].id].error
+    assert res[todo[3].id].status == "harness-error" and res[todo[3].id].error.startswith("harness (No available")
     table = cells.markdown(list(res.values()))
-    assert "upstream-crash: AssertionError: Workspace is locked" in table and "unsupported:" in table
+    assert "upstream-crash: AssertionError: Workspace is locked" in table and "kit-error: kit: cannot write" in table
 
 
-def _collect(env: dict) -> list[str]:
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "--collect-only", "-p", "no:cacheprovider", "-m", "gpu",
-                           "tests/test_turboquant_gpu.py", "tests/test_gdn_gpu.py"], capture_output=True, text=True,
-                          cwd=REPO, env={**os.environ, **env}, timeout=300)
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-    return [l for l in proc.stdout.splitlines() if "::" in l]
+def test_reference_audits_in_a_separate_process_match_in_process(tmp_path):
+    """The float32 reference in another interpreter (here the same python, as on the GPU machine
+    the machine's own) reads only the checkpoint and token ids and gives the in-process audit's
+    regrets and floor; a checkpoint it cannot load fails with the reference's own error."""
+    from vllm_platform_ext.verify.audit import Reference, reference_audits
+    from vllm_platform_ext.verify.prompts import default_prompts
+    from vllm_platform_ext.verify.tiny_models import make_tiny_model
 
-
-def test_gpu_kernel_tiers_quick_covers_every_test_once_and_shards_partition_the_full_tier():
-    """run.sh --do kernels-quick runs each GPU kernel test function's first case (every kernel
-    once); --kernel-shard i/n splits the full tier so that the shards together are all of it."""
-    full = _collect({})
-    quick = _collect({"VPE_GPU_TIER": "quick"})
-    funcs = lambda ids: [i.split("[")[0] for i in ids]
-    assert sorted(funcs(quick)) == sorted(set(funcs(full))) and len(quick) < len(full) / 5
-    shards = [_collect({"VPE_GPU_SHARD": f"{i}/3"}) for i in (1, 2, 3)]
-    assert sorted(x for s in shards for x in s) == sorted(full) and all(shards)
-    bad = subprocess.run([sys.executable, "-m", "pytest", "-q", "--collect-only", "tests/test_gdn_gpu.py"], cwd=REPO,
-                         capture_output=True, text=True, env={**os.environ, "VPE_GPU_SHARD": "4/3"})
-    assert bad.returncode != 0 and "VPE_GPU_SHARD='4/3'" in bad.stdout + bad.stderr
+    path = make_tiny_model("qwen3_next", tmp_path / "m")
+    prompts = default_prompts()[:3]
+    ref = Reference(str(path))
+    gen = {"a": [ref.greedy(p, 6, "fp32") for p in prompts], "b": [[7] * 6 for _ in prompts]}
+    floor, audits = reference_audits(str(path), prompts, gen, 6, python=sys.executable)
+    flat = lambda a: [x for r in a.regrets for x in r]
+    assert flat(floor) == pytest.approx(flat(ref.floor(prompts, 6)), abs=1e-5)
+    assert audits["a"].bad_fraction == 0
+    assert flat(audits["b"]) == pytest.approx(flat(ref.audit(prompts, gen["b"])), abs=1e-5) and audits["b"].bad > 0
+    (tmp_path / "m" / "config.json").write_text("{}")
+    with pytest.raises(RuntimeError, match="reference .* failed"):
+        reference_audits(str(path), prompts, gen, 6, python=sys.executable)

