@@ -214,6 +214,23 @@ def accelerator_engine_kwargs() -> dict:
     return {"gdn_prefill_backend": "triton"} if "gdn_prefill_backend" in fields else {}
 
 
+def model_engine_kwargs(model: str) -> dict:
+    """``language_model_only=True`` for a multimodal checkpoint (Qwen3.5/3.6 as vLLM 0.23-0.26 serve
+    them: ``Qwen3_5[Moe]ForConditionalGeneration``; the kit writes no vision weights), where this
+    vLLM has the option."""
+    try:
+        with open(os.path.join(str(model), "config.json")) as f:
+            archs = json.load(f).get("architectures") or []
+    except (OSError, ValueError):
+        return {}
+    if not any(a.endswith("ForConditionalGeneration") for a in archs):
+        return {}
+    from vllm.engine.arg_utils import EngineArgs
+
+    return {"language_model_only": True} if "language_model_only" in getattr(EngineArgs, "__dataclass_fields__", {}) \
+        else {}
+
+
 def memory_engine_kwargs(settings: EngineSettings) -> dict:
     """``kv_cache_memory_bytes`` where asked and this vLLM's ``EngineArgs`` has it (0.22 on): vLLM then
     sizes the KV cache from it and skips the start-up memory profiling, which engines sharing a
@@ -277,6 +294,7 @@ def run_engine(model: str, prompts: list[list[int]], cfg: EngineConfig,
     if settings.gpu_memory_utilization:
         kw["gpu_memory_utilization"] = settings.gpu_memory_utilization
     kw.update(memory_engine_kwargs(settings))
+    kw.update(model_engine_kwargs(model))
     kw.update(llm_kwargs or {})
     _guard_vllm_kernel_rescan()
     t0 = time.perf_counter()
