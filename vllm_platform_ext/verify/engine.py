@@ -101,6 +101,7 @@ class EngineSettings:
     warmup_runs: int = 0  # untimed generate() calls before the timed one (benchmarks)
     gpu_memory_utilization: float = 0.0  # 0: vLLM's default; several GPU engines share a GPU with less
     kv_cache_memory_bytes: int = 0  # >0: the KV cache in bytes where the line has it (no memory profiling)
+    compositions: tuple = ()  # also generate the prompts in these other batch compositions (COMPOSITIONS)
 
 
 @dataclass
@@ -120,6 +121,7 @@ class EngineRun:
     engine_path: dict = field(default_factory=dict)  # what the engine chose: cpu path, SSM dtype, layout
     kv_cache_dtype: str = "auto"
     graphs: str = "eager"
+    compositions: dict = field(default_factory=dict)  # composition name -> one token list per prompt
 
     @property
     def label(self) -> str:
@@ -132,6 +134,41 @@ class EngineRun:
     @property
     def tokens_per_s(self) -> float:
         return self.num_generated / self.generate_s if self.generate_s else 0.0
+
+
+def _fillers(n: int, seed: int = 7) -> list[list[int]]:
+    import random
+
+    r = random.Random(seed)
+    return [[r.randrange(4, 100) for _ in range(r.randrange(7, 60))] for _ in range(n)]
+
+
+# Other batch shapes for the same prompts: each maps the prompts to a list of batches, each batch
+# a list of (prompt index or None for a filler, token ids). Greedy decoding of a batch-invariant
+# engine gives the same tokens in every one; bf16 GEMMs of other shapes, and MoE routing that
+# flips on near-tied router scores, need not.
+COMPOSITIONS = {
+    "alone": lambda ps: [[(i, p)] for i, p in enumerate(ps)],
+    "reversed": lambda ps: [list(reversed(list(enumerate(ps))))],
+    "pairs": lambda ps: [list(enumerate(ps))[i:i + 2] for i in range(0, len(ps), 2)],
+    "fillers": lambda ps: [[x for i, p in enumerate(ps) for x in ((i, p), (None, _fillers(len(ps))[i]))]],
+}
+
+
+def generate_compositions(llm, prompts: list[list[int]], sp, names) -> dict:
+    """{name: one token list per prompt} for each batch composition of :data:`COMPOSITIONS`."""
+    out = {}
+    for name in names:
+        if name not in COMPOSITIONS:
+            raise ValueError(f"composition {name!r} not in {tuple(COMPOSITIONS)}")
+        tokens = [None] * len(prompts)
+        for batch in COMPOSITIONS[name](prompts):
+            res = llm.generate([{"prompt_token_ids": list(p)} for _, p in batch], sp, use_tqdm=False)
+            for (i, _), o in zip(batch, res):
+                if i is not None:
+                    tokens[i] = list(o.outputs[0].token_ids)
+        out[name] = tokens
+    return out
 
 
 def apply_engine_env(env: dict | None = None) -> None:
@@ -312,13 +349,14 @@ def run_engine(model: str, prompts: list[list[int]], cfg: EngineConfig,
         outs = llm.generate(batch, sp, use_tqdm=False)
         gen_s = time.perf_counter() - t1
         after = _spec_counters(llm)
+        comps = generate_compositions(llm, prompts, sp, settings.compositions)
     finally:
         _shutdown(llm)
     tokens = [list(o.outputs[0].token_ids) for o in outs]
     run = EngineRun(mode=cfg.mode, k=cfg.k, tokens=tokens, init_s=init_s, generate_s=gen_s,
                     num_generated=sum(len(t) for t in tokens), patches=plugin_patch_status(),
                     ssm_cache_dtype=cfg.ssm_cache_dtype, engine_path=path,
-                    kv_cache_dtype=cfg.kv_cache_dtype, graphs=cfg.graphs,
+                    kv_cache_dtype=cfg.kv_cache_dtype, graphs=cfg.graphs, compositions=comps,
                     **{k: after[k] - before[k] for k in after})
     for i, t in enumerate(tokens):
         if len(t) != settings.max_tokens:

@@ -19,11 +19,11 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from vllm_platform_ext.verify.audit import BAD_NATS, MARGIN, Reference, passes
+from vllm_platform_ext.verify.audit import BAD_NATS, MARGIN, passes, reference_audits
 from vllm_platform_ext.verify.cpu_paths import NO_AVX512_BF16, PATHS, env_for
 from vllm_platform_ext.verify.engine import GRAPH_MODES, EngineConfig, EngineSettings, run_in_subprocess
 from vllm_platform_ext.verify.prompts import default_prompts
-from vllm_platform_ext.verify.tiny_models import DIMS, KINDS, check_checkpoint, make_tiny_model
+from vllm_platform_ext.verify.tiny_models import CPU_KINDS, DIMS, GPU_KINDS, KINDS, check_checkpoint, make_tiny_model
 
 QUICK_MODES = "base,ngram:2,mtp:2"
 FULL_MODES = "base,ngram:1,ngram:2,ngram:4,mtp:1,mtp:2,mtp:3"
@@ -51,8 +51,8 @@ def accelerator() -> str:
 
 
 # What a GPU host runs by default: the real head sizes, graphs on, bf16 and TurboQuant KV.
-GPU_DEFAULTS = {"kv": "auto,turboquant_k8v4", "graphs": "full_and_piecewise", "dims": "gpu"}
-CPU_DEFAULTS = {"kv": "auto", "graphs": "eager", "dims": "cpu"}
+GPU_DEFAULTS = {"kv": "auto,turboquant_k8v4", "graphs": "full_and_piecewise", "dims": "gpu", "kinds": ",".join(GPU_KINDS)}
+CPU_DEFAULTS = {"kv": "auto", "graphs": "eager", "dims": "cpu", "kinds": ",".join(CPU_KINDS)}
 
 
 def describe_engine_path(runs) -> str:
@@ -105,15 +105,17 @@ def audit_kind(kind: str, model_dir: Path, configs: list[EngineConfig], settings
     t0 = time.perf_counter()
     runs = run_in_subprocess(str(model_dir), prompts, configs, settings, env=env)
     log(f"[verify] {kind}: engine runs {time.perf_counter() - t0:.1f}s; {describe_engine_path(runs)}")
-    ref = Reference(str(model_dir))
-    floor = ref.floor(prompts, settings.max_tokens).bad_fraction
+    # the float32 reference in its own process (VPE_REFERENCE_PYTHON: a transformers that has the model)
+    floor_res, audits = reference_audits(str(model_dir), prompts, {str(i): r.tokens for i, r in enumerate(runs)
+                                                                   if not r.error}, settings.max_tokens)
+    floor = floor_res.bad_fraction
     rows = []
-    for run in runs:
+    for i, run in enumerate(runs):
         if run.error:
             bad, positions = float("nan"), 0
             ok, note = judge(run, None, floor, margin)
         else:
-            a = ref.audit(prompts, run.tokens)
+            a = audits[str(i)]
             bad, positions = a.bad_fraction, a.positions
             ok, note = judge(run, a, floor, margin)
         rows.append(Row(kind, run.mode, run.k, bad, floor, positions, run.num_drafts,
@@ -143,8 +145,9 @@ def format_table(rows: list[Row], margin: float) -> str:
 
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="vllm-platform-ext verify", description=__doc__.splitlines()[0])
-    ap.add_argument("--kinds", default=",".join(KINDS),
-                    help=f"comma list of tiny model kinds (default: all of {','.join(KINDS)})")
+    ap.add_argument("--kinds", default=None,
+                    help=f"comma list of tiny model kinds of {','.join(KINDS)} (default: {CPU_DEFAULTS['kinds']} "
+                         f"on the CPU, {GPU_DEFAULTS['kinds']} on a GPU)")
     ap.add_argument("--model-dir", help="audit this local checkpoint instead of the kit's")
     ap.add_argument("--modes", default=QUICK_MODES,
                     help=f"comma list of mode[:k], modes base|ngram|mtp (default {QUICK_MODES})")
@@ -177,7 +180,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     defaults = GPU_DEFAULTS if accelerator() == "cuda" else CPU_DEFAULTS
-    kv, graphs, dims = (getattr(args, n) or defaults[n] for n in ("kv", "graphs", "dims"))
+    kv, graphs, dims, kinds = (getattr(args, n) or defaults[n] for n in ("kv", "graphs", "dims", "kinds"))
     configs = parse_modes(FULL_MODES if args.full else args.modes, args.ssm_cache_dtype, kv, graphs)
     settings = EngineSettings(max_tokens=args.max_tokens, max_num_seqs=args.max_num_seqs,
                               max_num_batched_tokens=args.max_num_batched_tokens)
@@ -195,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
             cfg = check_checkpoint(args.model_dir)
             targets = [(cfg.get("model_type", "model"), Path(args.model_dir))]
         else:
-            kinds = [k.strip() for k in args.kinds.split(",") if k.strip()]
+            kinds = [k.strip() for k in kinds.split(",") if k.strip()]
             targets = [(k, make_tiny_model(k, work / k, seed=args.seed, dims=dims)) for k in kinds]
         for kind, path in targets:
             rows += audit_kind(kind, path, configs, settings, args.margin, env)

