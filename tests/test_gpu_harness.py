@@ -400,3 +400,43 @@ def test_reference_audits_in_a_separate_process_match_in_process(tmp_path):
     (tmp_path / "m" / "config.json").write_text("{}")
     with pytest.raises(RuntimeError, match="reference .* failed"):
         reference_audits(str(path), prompts, gen, 6, python=sys.executable)
+
+
+def test_moe_family_floor_is_plain_decodings_spread_over_batch_compositions(monkeypatch, tmp_path):
+    """For a batch-floor family (the Qwen3.6 form, MoE) the runner also runs plain decoding in the
+    other batch compositions on the same KV/graphs, and a cell's floor is the worst of those and
+    the bf16 floor: routing flips that plain decoding shows are not blamed on speculation; a cell
+    beyond that floor still fails."""
+    calls = []
+
+    def engine(model, prompts, configs, settings, env, timeout):
+        (cfg,) = configs
+        calls.append((cfg.mode, tuple(settings.compositions)))
+        comps = {n: [[5]] * len(prompts) for n in settings.compositions}
+        return [EngineRun(mode=cfg.mode, k=cfg.k, tokens=[[5]] * len(prompts), num_draft_tokens=6,
+                          num_accepted_tokens=2, compositions=comps)]
+
+    bad = {"spread": 0.03, "mtp": 0.04}
+
+    def reference(path, prompts, generated, max_tokens, python=None):
+        def frac(key):
+            if key.startswith("spread|"):
+                return bad["spread"] if key.endswith("|pairs") else 0.0
+            return bad["mtp"] if "mtp3-auto" in key else 0.07
+        return _Audit(0.01), {k: _Audit(frac(k)) for k in generated}
+
+    monkeypatch.setattr(cells, "make_tiny_model", lambda kind, out, dims: out)
+    monkeypatch.setattr(cells, "run_in_subprocess", engine)
+    monkeypatch.setattr(cells, "reference_audits", reference)
+    todo = [cells.Cell("qwen3_5_moe", "mtp", 3, kv) for kv in ("auto", "turboquant_k8v4")]
+    res = cells.run_cells(todo, tmp_path, cells.settings_for("core", 1), parallel=1)
+    assert sorted(calls) == sorted([("mtp", ())] * 2 + [("base", tuple(engine_compositions()))] * 2)
+    (ok, over) = res
+    assert ok.floor == 0.03 and ok.floor_source.startswith("plain decoding over 5") and ok.status == "pass"
+    assert len(ok.plain_spread) == 5 and over.status == "fail"  # 0.07 > 0.03 + 0.02
+
+
+def engine_compositions():
+    from vllm_platform_ext.verify.engine import COMPOSITIONS
+
+    return COMPOSITIONS

@@ -22,14 +22,18 @@ import sys
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from vllm_platform_ext.verify.audit import MARGIN, passes, reference_audits
-from vllm_platform_ext.verify.engine import EngineConfig, EngineRun, EngineSettings, run_in_subprocess
+from vllm_platform_ext.verify.engine import COMPOSITIONS, EngineConfig, EngineRun, EngineSettings, run_in_subprocess
 from vllm_platform_ext.verify.prompts import default_prompts
 from vllm_platform_ext.verify.tiny_models import make_tiny_model
 
+# Families whose floor is also plain decoding's own spread across batch compositions
+# (engine.COMPOSITIONS): a top-2-of-4 router in bf16 flips experts on near-tied scores when the
+# batch shape changes the GEMMs, and a flipped expert moves the logits by whole nats.
+BATCH_FLOOR_KINDS = ("qwen3_5_moe",)
 TURBOQUANT = ("turboquant_k8v4", "turboquant_4bit_nc", "turboquant_k3v4_nc", "turboquant_3bit_nc")
 SPECS = (("base", 0), ("mtp", 1), ("mtp", 3), ("ngram", 3))
 
@@ -105,6 +109,8 @@ class CellResult:
     engine_path: dict = field(default_factory=dict)
     versions: dict = field(default_factory=dict)
     date: str = ""
+    floor_source: str = ""  # "bf16 transformers", or plain decoding's spread over batch compositions
+    plain_spread: list = field(default_factory=list)  # bad fractions of plain decoding, one per composition
 
 
 def versions() -> dict:
@@ -182,12 +188,15 @@ def run_cells(cells: list[Cell], work: Path, settings: EngineSettings, parallel:
         except Exception as exc:  # our kit's failure: every cell of the family fails with it
             kit_errors[kind] = f"kit: cannot write {kind}: {type(exc).__name__}: {exc}"[:400]
     todo = [c for c in cells if c.model in models]
+    # plain decoding of a batch-floor family in other batch compositions, per KV dtype and graphs
+    spread = list(dict.fromkeys(Cell(c.model, "base", 0, c.kv, c.graphs) for c in todo if c.model in BATCH_FLOOR_KINDS))
+    spread_settings = replace(settings, compositions=tuple(COMPOSITIONS))
 
-    def one(cell: Cell):
+    def one(cell: Cell, spread_run: bool = False):
         t0 = time.perf_counter()
         try:
-            run = run_in_subprocess(str(models[cell.model]), prompts, [cell.engine_config()], settings,
-                                    env=cell.env(), timeout=timeout)[0]
+            run = run_in_subprocess(str(models[cell.model]), prompts, [cell.engine_config()],
+                                    spread_settings if spread_run else settings, env=cell.env(), timeout=timeout)[0]
         except Exception as exc:  # the engine process itself died (e.g. a CUDA fault aborted it) or timed out
             run = EngineRun(mode=cell.mode, k=cell.k, error=f"{type(exc).__name__}: {exc}")
         log(f"[cells] {cell.id}: {'ERROR' if run.error else 'ran'} in {time.perf_counter() - t0:.0f}s")
@@ -195,9 +204,13 @@ def run_cells(cells: list[Cell], work: Path, settings: EngineSettings, parallel:
 
     with ThreadPoolExecutor(max_workers=max(1, parallel)) as pool:
         runs = dict(zip(todo, pool.map(one, todo)))
+        spread_runs = dict(zip(spread, pool.map(lambda c: one(c, True), spread)))
     floors, audits = {}, {}
     for kind, path in models.items():
         gen = {c.id: runs[c].tokens for c in todo if c.model == kind and not runs[c].error}
+        for c, r in spread_runs.items():
+            if c.model == kind and not r.error:
+                gen.update({f"spread|{c.id}|{name}": t for name, t in {"batch": r.tokens, **r.compositions}.items()})
         try:
             floors[kind], audits[kind] = reference_audits(str(path), prompts, gen, settings.max_tokens,
                                                           python=reference_python)
@@ -215,7 +228,11 @@ def run_cells(cells: list[Cell], work: Path, settings: EngineSettings, parallel:
             continue
         run = runs[cell]
         audit = None if run.error else audits[cell.model][cell.id]
-        floor = floors[cell.model].bad_fraction
+        floor, source = floors[cell.model].bad_fraction, "bf16 transformers"
+        base = Cell(cell.model, "base", 0, cell.kv, cell.graphs).id
+        plain = [a.bad_fraction for k, a in audits[cell.model].items() if k.startswith(f"spread|{base}|")]
+        if plain and max(plain) > floor:  # MoE routing flips under other batch shapes: plain decoding's own spread
+            floor, source = max(plain), f"plain decoding over {len(plain)} batch compositions"
         status, note = judge(cell, run, audit, floor, margin)
         out.append(CellResult(
             cell=asdict(cell), id=cell.id, status=status,
@@ -223,7 +240,8 @@ def run_cells(cells: list[Cell], work: Path, settings: EngineSettings, parallel:
             positions=0 if audit is None else audit.positions, drafts=run.num_drafts,
             draft_tokens=run.num_draft_tokens, accepted=run.num_accepted_tokens, init_s=run.init_s,
             generate_s=run.generate_s, error=note if run.error or status == "fail" else "",
-            patches=run.patches, engine_path=run.engine_path, versions=vers, date=date))
+            patches=run.patches, engine_path=run.engine_path, versions=vers, date=date, floor_source=source,
+            plain_spread=plain))
     return out
 
 
