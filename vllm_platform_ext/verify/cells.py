@@ -202,9 +202,10 @@ def run_cells(cells: list[Cell], work: Path, settings: EngineSettings, parallel:
         log(f"[cells] {cell.id}: {'ERROR' if run.error else 'ran'} in {time.perf_counter() - t0:.0f}s")
         return run
 
+    jobs = [(c, False) for c in todo] + [(c, True) for c in spread]
     with ThreadPoolExecutor(max_workers=max(1, parallel)) as pool:
-        runs = dict(zip(todo, pool.map(one, todo)))
-        spread_runs = dict(zip(spread, pool.map(lambda c: one(c, True), spread)))
+        done = list(pool.map(lambda job: one(*job), jobs))
+    runs, spread_runs = dict(zip(todo, done[:len(todo)])), dict(zip(spread, done[len(todo):]))
     floors, audits = {}, {}
     for kind, path in models.items():
         gen = {c.id: runs[c].tokens for c in todo if c.model == kind and not runs[c].error}
