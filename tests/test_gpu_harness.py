@@ -445,3 +445,33 @@ def engine_compositions():
     from vllm_platform_ext.verify.engine import COMPOSITIONS
 
     return COMPOSITIONS
+
+
+def test_batch_compositions_cover_every_prompt_once_and_map_outputs_back():
+    """Each composition runs every prompt exactly once (fillers beside them are dropped) and the
+    outputs come back to their prompt, whatever order or batch it ran in (a fake LLM echoes)."""
+    from types import SimpleNamespace
+
+    from vllm_platform_ext.verify.engine import COMPOSITIONS, generate_compositions
+
+    prompts = [[10 + i] * (i + 1) for i in range(7)]
+    for name, make in COMPOSITIONS.items():
+        batches = make(prompts)
+        real = [i for b in batches for i, _ in b if i is not None]
+        assert sorted(real) == list(range(7)), name
+        assert all(p == prompts[i] for b in batches for i, p in b if i is not None)
+    assert len(COMPOSITIONS["alone"](prompts)) == 7 and sum(i is None for i, _ in COMPOSITIONS["fillers"](prompts)[0]) == 7
+    seen = []
+
+    class LLM:
+        def generate(self, batch, sp, use_tqdm=False):
+            seen.append(len(batch))
+            return [SimpleNamespace(outputs=[SimpleNamespace(token_ids=[x["prompt_token_ids"][0], len(batch)])])
+                    for x in batch]
+
+    out = generate_compositions(LLM(), prompts, None, tuple(COMPOSITIONS))
+    for name, toks in out.items():
+        assert [t[0] for t in toks] == [p[0] for p in prompts], name
+    assert [t[1] for t in out["alone"]] == [1] * 7 and [t[1] for t in out["fillers"]] == [14] * 7
+    with pytest.raises(ValueError, match="composition"):
+        generate_compositions(LLM(), prompts, None, ("shuffled",))
