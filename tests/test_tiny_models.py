@@ -160,9 +160,11 @@ def test_qwen3_5_tensors_are_transformers_own_names_and_shapes(kind):
 def test_qwen3_5_kit_in_the_old_vllm_line_uses_vllms_config_classes(tmp_path):
     """On vLLM 0.23 (its pinned transformers 4.57 has no Qwen3.5) the kit writes the Qwen3.6-style
     MoE checkpoint with vLLM's own config classes: the same tensors as here, a config vLLM 0.23
-    reads as Qwen3_5MoeConfig, and transformers here loads every weight of it."""
+    reads as Qwen3_5MoeConfig, and transformers here loads every weight of it; from that venv the
+    reference runs in this interpreter (VPE_REFERENCE_PYTHON on the GPU machine) and audits it."""
     import os
     import subprocess
+    import sys
 
     from conftest import REPO, old_vllm_python
 
@@ -173,14 +175,17 @@ def test_qwen3_5_kit_in_the_old_vllm_line_uses_vllms_config_classes(tmp_path):
             "import transformers; from vllm.transformers_utils.config import get_config\n"
             "p = make_tiny_model('qwen3_5_moe', sys.argv[1])\n"
             "c = get_config(str(p), trust_remote_code=False)\n"
+            "from vllm_platform_ext.verify.audit import reference_audits\n"
+            "floor, a = reference_audits(str(p), [[5, 6, 7]], {'x': [[9, 9, 9, 9]]}, 4, python=sys.argv[2])\n"
             "print(json.dumps([transformers.__version__, _config_class('qwen3_5_moe').__module__, type(c).__name__,"
-            " c.text_config.num_experts, c.text_config.mtp_num_hidden_layers]))")
-    proc = subprocess.run([py, "-c", code, str(tmp_path / "old")], capture_output=True, text=True, timeout=600,
-                          env={**os.environ, "PYTHONPATH": REPO})
+            " c.text_config.num_experts, c.text_config.mtp_num_hidden_layers, floor.positions, a['x'].positions]))")
+    proc = subprocess.run([py, "-c", code, str(tmp_path / "old"), sys.executable], capture_output=True, text=True,
+                          timeout=600, env={**os.environ, "PYTHONPATH": REPO})
     assert proc.returncode == 0, proc.stderr[-3000:]
-    tf, module, cls, experts, mtp = json.loads(proc.stdout.strip().splitlines()[-1])
+    tf, module, cls, experts, mtp, floor_n, audit_n = json.loads(proc.stdout.strip().splitlines()[-1])
     assert tf.startswith("4.") and module == "vllm.transformers_utils.configs.qwen3_5_moe"
     assert (cls, experts, mtp) == ("Qwen3_5MoeConfig", 4, 1)
+    assert (floor_n, audit_n) == (4, 4)  # audited by this interpreter's transformers, as on the GPU machine
     here = make_tiny_model("qwen3_5_moe", tmp_path / "here")
     assert _sha(tmp_path / "old") == _sha(here)
     from transformers import AutoModelForCausalLM

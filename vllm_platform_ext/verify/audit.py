@@ -136,9 +136,13 @@ def reference_audits(model_dir: str, prompts: list[list[int]], generated: dict, 
         jp, op = os.path.join(tmp, "job.json"), os.path.join(tmp, "out.json")
         with open(jp, "w") as f:
             json.dump(job, f)
-        pkg_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        # only this package on the path: where it is installed in the engine's venv, that venv's
+        # site-packages (its transformers) must not shadow the reference interpreter's own
+        pkg = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        os.makedirs(os.path.join(tmp, "path"))
+        os.symlink(pkg, os.path.join(tmp, "path", os.path.basename(pkg)))
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-            [pkg_root] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]),
+            [os.path.join(tmp, "path")] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]),
             "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
         proc = subprocess.run([python, "-m", "vllm_platform_ext.verify.audit", jp, op], env=env,
                               capture_output=True, text=True, timeout=timeout)
