@@ -5,7 +5,7 @@ The suite's engines run once, side by side, in a session fixture; each test then
 cell. With the plugin a cell must start, stay at the float32 audit's plain-decoding floor and,
 when speculative, have drafts accepted. A plugin-off cell records upstream's behaviour for the
 table: it must run with none of our patches, and where upstream's outcome on the line is known
-(``cells.expected_upstream``: TurboQuant + speculation + FULL graphs crash with "Workspace is
+(``cells.expected_upstream``: TurboQuant + MTP k=3 + FULL graphs crash with "Workspace is
 locked" before 0.24) it must show it. A cell whose kit model cannot be written or audited, or
 that fails for a harness reason (memory start-up of side-by-side engines, a timeout), fails as
 such: never a skip, never an upstream or plugin result. Environment: ``VPE_CELLS_SUITE`` (core),

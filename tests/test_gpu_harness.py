@@ -299,7 +299,8 @@ def test_judge_names_the_known_line_of_a_long_error():
 
 @pytest.mark.parametrize("cell,version,want", [
     (cells.Cell("qwen3_next", "mtp", 3, "turboquant_k8v4", plugin=False), "0.23.0", ("upstream-crash", "Workspace is locked")),
-    (cells.Cell("qwen3_5_moe", "mtp", 1, "turboquant_3bit_nc", plugin=False), "0.22.1", ("upstream-crash", "Workspace is locked")),
+    (cells.Cell("qwen3_5_moe", "mtp", 3, "turboquant_3bit_nc", plugin=False), "0.22.1", ("upstream-crash", "Workspace is locked")),
+    (cells.Cell("qwen3_next", "mtp", 1, "turboquant_k8v4", plugin=False), "0.23.0", None),
     (cells.Cell("qwen3_next", "ngram", 3, "turboquant_k8v4", plugin=False), "0.23.0", None),  # not observed
     (cells.Cell("qwen3_next", "mtp", 3, "turboquant_k8v4", plugin=False), "0.24.0", None),  # fixed upstream in 0.24
     (cells.Cell("qwen3_next", "mtp", 3, "turboquant_k8v4", "eager", plugin=False), "0.23.0", None),  # not observed
