@@ -11,8 +11,8 @@ Configurations (each an engine started in its own process, plugin on unless name
      without speculation
   E  C with turboquant_4bit_nc and turboquant_3bit_nc
 
-Models: ``qwen36_a3b`` -- Qwen3.6-35B-A3B's shape, transformers' ``Qwen3_5MoeTextConfig``
-defaults (hidden 2048, Gated DeltaNet : gated attention 3:1, attention 16/2 heads of 256,
+Models: ``qwen36_a3b`` -- Qwen3.6-35B-A3B's shape, ``Qwen3_5MoeTextConfig``'s defaults (transformers' or
+vLLM's own) (hidden 2048, Gated DeltaNet : gated attention 3:1, attention 16/2 heads of 256,
 linear 16/32 heads of 128, 256 experts of 512 with 8 routed + 1 shared of 512, vocab 248320,
 one MTP layer), ``--layers`` cut to a multiple of 4 (40 is the full depth), dummy weights
 (``load_format=dummy``, no tokenizer). ``tiny`` -- the audited kit model (``--dims gpu``) with
@@ -97,16 +97,20 @@ def setups(names: list[str], graphs: str) -> list[list[Setup]]:
 
 
 def qwen36_a3b_config(layers: int) -> dict:
-    from transformers import AutoConfig
+    """Qwen3.6-35B-A3B's ``config.json`` cut to ``layers``: ``Qwen3_5MoeForConditionalGeneration``
+    (model type qwen3_5_moe; vLLM 0.23-0.26 have no text-only class, the engine runs it with
+    ``language_model_only=True``), the text config at ``Qwen3_5MoeTextConfig``'s defaults, from
+    transformers where it has the class, else from vLLM's own (vLLM 0.23 pins transformers 4.57)."""
+    from vllm_platform_ext.verify.tiny_models import _config_class, conditional_config
 
     if layers % 4 or layers < 4:
         raise SystemExit(f"--layers {layers}: must be a positive multiple of 4 (3 GDN : 1 attention)")
-    cfg = AutoConfig.for_model("qwen3_5_moe_text").to_dict()
-    cfg.update(num_hidden_layers=layers, layer_types=(["linear_attention"] * 3 + ["full_attention"]) * (layers // 4),
-               architectures=["Qwen3_5MoeForCausalLM"], mtp_num_hidden_layers=1, dtype="bfloat16",
-               torch_dtype="bfloat16", bos_token_id=1, eos_token_id=2, max_position_embeddings=40960)
-    cfg.pop("transformers_version", None)
-    return cfg
+    text = _config_class("qwen3_5_moe_text")().to_dict()
+    text.update(model_type="qwen3_5_moe_text", num_hidden_layers=layers,
+                layer_types=(["linear_attention"] * 3 + ["full_attention"]) * (layers // 4),
+                mtp_num_hidden_layers=1, bos_token_id=1, eos_token_id=2, max_position_embeddings=40960)
+    text.pop("transformers_version", None)
+    return conditional_config("qwen3_5_moe", text)
 
 
 def write_model(kind: str, layers: int, out: Path) -> Path:

@@ -99,3 +99,36 @@ def line_source(key: tuple[int, int]) -> str:
                                  if n.startswith("vllm/") and n.endswith((".py", ".json"))])
         open(stamp, "w").close()
     return dest
+
+
+def _gpu_tier(items: list) -> tuple[list, list]:
+    """(kept, deselected) under ``VPE_GPU_TIER`` / ``VPE_GPU_SHARD`` (``ci/gpu/run.sh --do
+    kernels-quick`` / ``--kernel-shard i/n``). quick: each test function's first case, so every
+    kernel runs once in a short window; shard i/n: every n-th item from the i-th, so the full tier
+    runs over several windows and the shards together are the whole of it."""
+    tier, shard = os.environ.get("VPE_GPU_TIER", ""), os.environ.get("VPE_GPU_SHARD", "1/1")
+    kept = list(items)
+    if tier == "quick":
+        seen, kept = set(), []
+        for item in items:
+            key = (item.nodeid.split("::")[0], getattr(item, "originalname", item.name))
+            if key not in seen:
+                seen.add(key)
+                kept.append(item)
+    elif tier not in ("", "full"):
+        raise pytest.UsageError(f"VPE_GPU_TIER={tier!r}: want quick or full")
+    try:
+        i, n = (int(x) for x in shard.split("/"))
+        assert 1 <= i <= n
+    except (ValueError, AssertionError):
+        raise pytest.UsageError(f"VPE_GPU_SHARD={shard!r}: want i/n with 1 <= i <= n") from None
+    kept = kept[i - 1::n]
+    ids = {id(x) for x in kept}
+    return kept, [x for x in items if id(x) not in ids]
+
+
+def pytest_collection_modifyitems(config, items):
+    kept, dropped = _gpu_tier(items)
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = kept

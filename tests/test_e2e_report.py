@@ -139,3 +139,37 @@ def test_script_runs_the_cpu_engine_end_to_end(tmp_path):
     ops = trace.with_name("B-eager-b2-c64-verify.ops.txt").read_text()
     assert "Self CPU" in ops and ("gdn" in ops.lower() or "onednn" in ops.lower())
     assert "## Goals (issue 24)" in (out / "e2e.md").read_text()
+
+
+def test_qwen36_a3b_shape_on_the_old_line_comes_from_vllms_config_classes():
+    """Issue 32 item 4: on vLLM 0.23 (transformers 4.57, no Qwen3.5) the benchmark builds the
+    Qwen3.6-35B-A3B shape with vLLM's own config classes, as the multimodal class vLLM 0.23 serves
+    (it has no text-only one), and vLLM 0.23 reads it back with the flagship's numbers; here
+    (transformers 5.x, which has the classes) the same config comes out."""
+    import subprocess
+
+    from conftest import REPO, old_vllm_python
+
+    py = old_vllm_python()
+    if not os.path.exists(py):
+        pytest.fail(f"no old-vLLM venv at {py}: run scripts/old_vllm_venv.sh (scripts/setup.sh test does)")
+    code = ("import json, sys, tempfile, os, transformers; sys.path.insert(0, 'benchmarks')\n"
+            "import e2e_spec_decode as E; from vllm.transformers_utils.config import get_config\n"
+            "c = E.qwen36_a3b_config(8); d = tempfile.mkdtemp(); open(os.path.join(d, 'config.json'), 'w').write(json.dumps(c))\n"
+            "v = get_config(d, trust_remote_code=False); t = v.text_config\n"
+            "print(json.dumps([transformers.__version__, c, type(v).__name__, [t.hidden_size, t.num_experts, "
+            "t.num_experts_per_tok, t.moe_intermediate_size, t.shared_expert_intermediate_size, t.vocab_size, t.head_dim, "
+            "t.num_attention_heads, t.num_key_value_heads, t.linear_num_key_heads, t.linear_num_value_heads, "
+            "t.num_hidden_layers, t.mtp_num_hidden_layers]]))")
+    proc = subprocess.run([py, "-c", code], capture_output=True, text=True, timeout=600, cwd=REPO,
+                          env={**os.environ, "PYTHONPATH": REPO})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    tf, cfg, cls, shape = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert tf.startswith("4.") and cls == "Qwen3_5MoeConfig"
+    assert cfg["architectures"] == ["Qwen3_5MoeForConditionalGeneration"] and cfg["model_type"] == "qwen3_5_moe"
+    assert shape == [2048, 256, 8, 512, 512, 248320, 256, 16, 2, 16, 32, 8, 1]
+    here = E.qwen36_a3b_config(8)["text_config"]
+    keys = ("hidden_size", "num_experts", "num_experts_per_tok", "moe_intermediate_size", "shared_expert_intermediate_size",
+            "vocab_size", "head_dim", "num_attention_heads", "num_key_value_heads", "linear_num_key_heads",
+            "linear_num_value_heads", "num_hidden_layers", "mtp_num_hidden_layers")
+    assert [here[k] for k in keys] == shape and here["layer_types"] == cfg["text_config"]["layer_types"]

@@ -27,7 +27,7 @@ from vllm_platform_ext.verify.cpu_paths import AVX512_BF16, NO_AVX512_BF16, env_
 from vllm_platform_ext.verify.engine import EngineConfig, EngineSettings, run_in_subprocess
 from vllm_platform_ext.verify.prompts import default_prompts
 from vllm_platform_ext.verify.runner import FULL_MODES, parse_modes
-from vllm_platform_ext.verify.tiny_models import KINDS, make_tiny_model
+from vllm_platform_ext.verify.tiny_models import CPU_KINDS, make_tiny_model
 
 pytestmark = pytest.mark.engine
 
@@ -59,7 +59,7 @@ class Matrix:
 
 def _case_params():
     return [pytest.param((kind, p.values[0]), id=f"{kind}-{p.id}", marks=p.marks)
-            for p in cpu_path_params() for kind in KINDS]
+            for p in cpu_path_params() for kind in CPU_KINDS]
 
 
 @pytest.fixture(scope="module", params=_case_params())

@@ -4,8 +4,13 @@ Run by the GPU harness (``ci/gpu/run.sh``) on the GPU machine; CPU CI deselects 
 The suite's engines run once, side by side, in a session fixture; each test then judges its
 cell. With the plugin a cell must start, stay at the float32 audit's plain-decoding floor and,
 when speculative, have drafts accepted. A plugin-off cell records upstream's behaviour for the
-table; its test checks only that the outcome was recorded. Environment: ``VPE_CELLS_SUITE`` (core), ``VPE_CELLS_SHARD``
-(1/1), ``VPE_CELLS_PARALLEL`` (4), ``VPE_CELLS_OUT`` (gpu-results).
+table: it must run with none of our patches, and where upstream's outcome on the line is known
+(``cells.expected_upstream``: TurboQuant + MTP k=3 + FULL graphs crash with "Workspace is
+locked" before 0.24) it must show it. A cell whose kit model cannot be written or audited, or
+that fails for a harness reason (memory start-up of side-by-side engines, a timeout), fails as
+such: never a skip, never an upstream or plugin result. Environment: ``VPE_CELLS_SUITE`` (core),
+``VPE_CELLS_SHARD`` (1/1), ``VPE_CELLS_PARALLEL`` (4), ``VPE_CELLS_MEMORY`` (kv-bytes |
+utilization), ``VPE_CELLS_OUT`` (gpu-results), ``VPE_REFERENCE_PYTHON`` (the reference's python).
 """
 import os
 import tempfile
@@ -20,13 +25,14 @@ pytestmark = [pytest.mark.gpu, pytest.mark.gpu_engine]
 SUITE = os.environ.get("VPE_CELLS_SUITE", "core")
 SHARD = os.environ.get("VPE_CELLS_SHARD", "1/1")
 PARALLEL = int(os.environ.get("VPE_CELLS_PARALLEL", "4"))
+MEMORY = os.environ.get("VPE_CELLS_MEMORY", "")
 CELLS = cells.select(SUITE, SHARD)
 
 
 @pytest.fixture(scope="session")
 def results():
     with tempfile.TemporaryDirectory(prefix="vpe-cells-") as tmp:
-        res = cells.run_cells(CELLS, Path(tmp), cells.settings_for(SUITE, PARALLEL), PARALLEL,
+        res = cells.run_cells(CELLS, Path(tmp), cells.settings_for(SUITE, PARALLEL, MEMORY), PARALLEL,
                               dims="cpu" if SUITE == "cpu" else "gpu")
     jp, mp = cells.write_results(res, Path(os.environ.get("VPE_CELLS_OUT", "gpu-results")))
     print(f"\n{mp.read_text()}\nresults: {jp}")
@@ -36,10 +42,16 @@ def results():
 @pytest.mark.parametrize("cell", CELLS, ids=[c.id for c in CELLS])
 def test_cell(results, cell):
     r = results[cell.id]
-    if r.status == "unsupported":  # the line's own transformers pin lacks the model family
-        pytest.skip(r.error)
-    if not cell.plugin:  # upstream's behaviour is a fact for the table: only that it was recorded
+    if r.status in ("kit-error", "harness-error"):  # ours, not vLLM's or the plugin's: a failure, never a skip
+        pytest.fail(f"{cell.id}: {r.status}: {r.error}")
+    if not cell.plugin:  # upstream's behaviour is a fact for the table; where it is known, it must show
         assert r.status in ("upstream-works", "upstream-wrong", "upstream-crash"), r
+        assert not r.patches, f"{cell.id}: plugin off, yet patches ran: {r.patches}"
+        want = cells.expected_upstream(cell, r.versions.get("vllm", ""))
+        if want is not None:
+            assert r.status == want[0] and want[1] in r.error, (
+                f"{cell.id}: upstream {r.versions.get('vllm')} is known to give {want[0]} ({want[1]}); got "
+                f"{r.status} {r.error!r}: the bug the plugin fixes did not reproduce, so this cell proves nothing")
         return
     assert r.status == "pass", f"{cell.id}: {r.status}: {r.error}"
 

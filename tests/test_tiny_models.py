@@ -9,7 +9,8 @@ import torch
 
 from vllm_platform_ext.verify.audit import BAD_NATS, AuditResult, Reference, passes
 from vllm_platform_ext.verify.tiny_models import (
-    KINDS, CheckpointError, check_checkpoint, hot_token_ids, make_tiny_model)
+    CONDITIONAL, KINDS, CheckpointError, check_checkpoint, config_dict, hot_token_ids, make_tiny_model,
+    qwen3_5_state_dict)
 
 
 def _sha(path) -> str:
@@ -35,6 +36,10 @@ def test_config_and_mtp_tensors(kit):
     kind, path, _ = kit
     cfg = check_checkpoint(path)
     assert cfg["model_type"] == kind
+    if kind in CONDITIONAL:  # as vLLM 0.23-0.26 serve Qwen3.5/3.6: the multimodal class, text config nested
+        assert cfg["architectures"] == [CONDITIONAL[kind]] and "vision_config" in cfg
+        cfg = cfg["text_config"]
+        assert cfg["model_type"] == kind + "_text"
     key = "num_nextn_predict_layers" if kind == "qwen3_next" else "mtp_num_hidden_layers"
     assert cfg[key] == 1
     assert cfg["linear_key_head_dim"] in (64, 128) and cfg["linear_value_head_dim"] in (64, 128)
@@ -45,10 +50,13 @@ def test_config_and_mtp_tensors(kit):
         dtypes = {f.get_tensor(n).dtype for n in list(names)[:5]}
     assert dtypes == {torch.bfloat16}
     assert {"mtp.fc.weight", "mtp.layers.0.self_attn.q_proj.weight"} <= names
-    if kind == "qwen3_next":
+    if kind in ("qwen3_next", "qwen3_5_moe"):  # the MTP layer's experts one per expert, as released
         assert "mtp.layers.0.mlp.experts.3.down_proj.weight" in names
     else:
         assert "mtp.layers.0.mlp.gate_proj.weight" in names
+    if kind == "qwen3_5_moe":  # the decoder's routed experts fused, as Qwen3.6-35B-A3B's checkpoint
+        assert {"model.language_model.layers.0.mlp.experts.gate_up_proj",
+                "model.language_model.layers.0.mlp.shared_expert_gate.weight"} <= names
 
 
 def test_missing_tensor_is_named(kit, tmp_path):
@@ -81,6 +89,7 @@ def test_tokenizer_round_trip_offline(kit):
     _, path, _ = kit
     tok = AutoTokenizer.from_pretrained(str(path))
     cfg = json.loads((path / "config.json").read_text())
+    cfg = cfg.get("text_config", cfg)
     assert len(tok) == cfg["vocab_size"]
     text = "hello, world\nabc"
     ids = tok(text, add_special_tokens=False)["input_ids"]
@@ -121,6 +130,68 @@ def test_audit_regret(kit):
     r2 = ref.audit([prompt], [wrong])
     assert r2.regrets[0][5] > BAD_NATS and r2.first_bad() == [5]
     assert r2.bad == 1 + sum(x > BAD_NATS for x in r2.regrets[0][6:])
+
+
+@pytest.mark.parametrize("kind", sorted(CONDITIONAL))
+def test_qwen3_5_tensors_are_transformers_own_names_and_shapes(kind):
+    """The Qwen3.5/3.6 weights are written without a transformers model class (so a vLLM line whose
+    pinned transformers lacks Qwen3.5 writes them too); their names and shapes are exactly those
+    transformers' own model saves, with the released layout's prefix and fused experts."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    cfg = config_dict(kind)
+    ours = qwen3_5_state_dict(cfg, 0, prefix="model.", fused_experts=False, mtp_layers=0)
+    hf = AutoModelForCausalLM.from_config(AutoConfig.for_model(
+        cfg["model_type"], **{k: v for k, v in cfg.items() if k != "model_type"}))
+    import tempfile
+    from safetensors.torch import load_file
+
+    with tempfile.TemporaryDirectory() as tmp:
+        hf.save_pretrained(tmp)
+        theirs = {}
+        for f in sorted(__import__("pathlib").Path(tmp).glob("*.safetensors")):
+            theirs.update(load_file(str(f)))
+    assert {k: tuple(v.shape) for k, v in ours.items()} == {k: tuple(v.shape) for k, v in theirs.items()}
+    for name, t in theirs.items():  # the same init family: zero (1 + w) norms, unit gated norm and dt_bias
+        if t.dim() == 1 and not name.endswith("A_log"):
+            assert torch.equal(ours[name], t), name
+
+
+def test_qwen3_5_kit_in_the_old_vllm_line_uses_vllms_config_classes(tmp_path):
+    """On vLLM 0.23 (its pinned transformers 4.57 has no Qwen3.5) the kit writes the Qwen3.6-style
+    MoE checkpoint with vLLM's own config classes: the same tensors as here, a config vLLM 0.23
+    reads as Qwen3_5MoeConfig, and transformers here loads every weight of it; from that venv the
+    reference runs in this interpreter (VPE_REFERENCE_PYTHON on the GPU machine) and audits it."""
+    import os
+    import subprocess
+    import sys
+
+    from conftest import REPO, old_vllm_python
+
+    py = old_vllm_python()
+    if not os.path.exists(py):
+        pytest.fail(f"no old-vLLM venv at {py}: run scripts/old_vllm_venv.sh (scripts/setup.sh test does)")
+    code = ("import json, sys; from vllm_platform_ext.verify.tiny_models import make_tiny_model, _config_class\n"
+            "import transformers; from vllm.transformers_utils.config import get_config\n"
+            "p = make_tiny_model('qwen3_5_moe', sys.argv[1])\n"
+            "c = get_config(str(p), trust_remote_code=False)\n"
+            "from vllm_platform_ext.verify.audit import reference_audits\n"
+            "floor, a = reference_audits(str(p), [[5, 6, 7]], {'x': [[9, 9, 9, 9]]}, 4, python=sys.argv[2])\n"
+            "print(json.dumps([transformers.__version__, _config_class('qwen3_5_moe').__module__, type(c).__name__,"
+            " c.text_config.num_experts, c.text_config.mtp_num_hidden_layers, floor.positions, a['x'].positions]))")
+    proc = subprocess.run([py, "-c", code, str(tmp_path / "old"), sys.executable], capture_output=True, text=True,
+                          timeout=600, env={**os.environ, "PYTHONPATH": REPO})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    tf, module, cls, experts, mtp, floor_n, audit_n = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert tf.startswith("4.") and module == "vllm.transformers_utils.configs.qwen3_5_moe"
+    assert (cls, experts, mtp) == ("Qwen3_5MoeConfig", 4, 1)
+    assert (floor_n, audit_n) == (4, 4)  # audited by this interpreter's transformers, as on the GPU machine
+    here = make_tiny_model("qwen3_5_moe", tmp_path / "here")
+    assert _sha(tmp_path / "old") == _sha(here)
+    from transformers import AutoModelForCausalLM
+
+    _, info = AutoModelForCausalLM.from_pretrained(str(tmp_path / "old"), output_loading_info=True)
+    assert not info["missing_keys"] and not info["mismatched_keys"]
 
 
 def test_pass_rule():

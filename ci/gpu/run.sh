@@ -1,28 +1,39 @@
 #!/usr/bin/env bash
 # On the GPU machine, after `bash unpack.sh DEST` (ci/gpu/bundle.py build wrote both):
-#   bash DEST/project/ci/gpu/run.sh --wheels DEST/wheels [--suite core|full|cpu|tp2] [--shard i/n]
-#                                   [--parallel N] [--out DIR] [--do engine,kernels,e2e,e2e-tp2]
-#                                   [-- extra pytest args]
-# Installs the carried wheels into a venv beside the machine's own torch (no network: --no-index
-# --no-deps, exactly the locked files), then, in the order given by --do (default: engine):
-#   kernels  the GPU kernel tests (pytest -m gpu: tests/test_turboquant_gpu.py, tests/test_gdn_gpu.py)
-#   engine   the gpu_engine tests: the real vLLM engine for each cell of the suite, every token
-#            audited against float32 transformers
-#   e2e      benchmarks/e2e_spec_decode.py: the Qwen3.6-35B-A3B shape (8 layers) and the tiny model
-#   e2e-tp2  the same benchmark at tensor_parallel_size=2 (a 2-GPU kind): B and C at batch 8, 4K
+#   bash DEST/project/ci/gpu/run.sh --wheels DEST/wheels [--suite core|full|cpu] [--shard i/n]
+#                                   [--parallel N] [--memory kv-bytes|utilization] [--out DIR]
+#                                   [--do check,kernels-quick,kernels,engine,e2e] [-- extra pytest args]
+# Finds the interpreter that holds torch ($PYTHON, else python3/python on PATH, else /opt/*), and
+# builds a venv on it (ci/gpu/machine_venv.py: the carried wheels with --no-index --no-deps, torch
+# and Triton the machine's own, also where that interpreter is itself a venv). Then, in the order
+# given by --do (default: engine):
+#   check          only the venv and its version line
+#   kernels-quick  the GPU kernel tests' quick tier (each test's first case: every kernel once)
+#   kernels        the GPU kernel tests (pytest -m gpu: tests/test_turboquant_gpu.py, tests/test_gdn_gpu.py),
+#                  all of them, or the --kernel-shard i/n part of them
+#   engine         the gpu_engine tests: the real vLLM engine for each cell of the suite, every token
+#                  audited against float32 transformers (in a separate process: the reference python,
+#                  $VPE_REFERENCE_PYTHON, default the machine's interpreter, whose transformers has Qwen3.5)
+#   e2e            benchmarks/e2e_spec_decode.py: the Qwen3.6-35B-A3B shape (8 layers) and the tiny model
+#   e2e-tp2        the same benchmark at tensor_parallel_size=2 (a 2-GPU kind): B and C at batch 8, 4K
 # so one warm machine does all of it in one call.
+# --memory kv-bytes (default where the vLLM line has kv_cache_memory_bytes): each engine gets its KV
+# cache in bytes and vLLM skips its memory profiling, so side-by-side engines never trip it;
+# utilization: each engine gets 0.8/N of the GPU (use with --parallel 1: cells one after another).
 # Results in DIR (default: ./gpu-results next to DEST): results.json / results.md (engine),
-# kernels.xml (kernels), e2e/ and e2e-tiny/ (e2e).
+# kernels.xml / kernels-quick.xml (kernels), e2e/ and e2e-tiny/ (e2e).
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 project="$(cd "$here/../.." && pwd)"
-wheels="" suite="core" shard="1/1" parallel="4" out="" do="engine"
+wheels="" suite="core" shard="1/1" parallel="4" out="" do="engine" memory="" kshard="1/1"
 while [ $# -gt 0 ]; do
   case "$1" in
     --wheels) wheels="$2"; shift 2 ;;
     --suite) suite="$2"; shift 2 ;;
     --shard) shard="$2"; shift 2 ;;
+    --kernel-shard) kshard="$2"; shift 2 ;;
     --parallel) parallel="$2"; shift 2 ;;
+    --memory) memory="$2"; shift 2 ;;
     --out) out="$2"; shift 2 ;;
     --do) do="$2"; shift 2 ;;
     --) shift; break ;;
@@ -30,42 +41,56 @@ while [ $# -gt 0 ]; do
   esac
 done
 [ -n "$wheels" ] || { echo "run.sh: --wheels DIR is required" >&2; exit 2; }
+for step in ${do//,/ }; do
+  case "$step" in check|kernels-quick|kernels|engine|e2e|e2e-tp2) ;;
+    *) echo "run.sh: --do takes check, kernels-quick, kernels, engine, e2e, e2e-tp2; got $step" >&2; exit 2 ;;
+  esac
+done
+case "$memory" in ""|kv-bytes|utilization) ;;
+  *) echo "run.sh: --memory takes kv-bytes or utilization; got $memory" >&2; exit 2 ;;
+esac
 out="${out:-$(dirname "$project")/gpu-results}"
 venv="$(dirname "$project")/venv"
-py="${PYTHON:-python3}"
 
-if [ ! -f "$venv/.installed" ]; then
-  rm -rf "$venv"
-  "$py" -m venv --system-site-packages "$venv"   # the machine's torch 2.11 / triton 3.6 stay visible
-  # ... unless "$py" is itself a venv (the GPU machine's python3 is /opt/torch/.venv): a venv made
-  # from a venv sees the base interpreter's site-packages, not its parent's. Name the folder that
-  # holds torch in a .pth (after the venv's own packages, so the carried wheels come first).
-  if ! "$venv/bin/python" -c "import torch" 2>/dev/null; then
-    torch_site=$("$py" -c "import os, torch; print(os.path.dirname(os.path.dirname(torch.__file__)))")
-    purelib=$("$venv/bin/python" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
-    echo "$torch_site" > "$purelib/zz-machine-torch.pth"
-    "$venv/bin/python" -c "import torch, triton" || { echo "run.sh: no torch/triton from $py" >&2; exit 3; }
+torch_python() {  # the first interpreter that imports torch
+  local c tried=""
+  if [ -n "${PYTHON:-}" ]; then
+    "$PYTHON" -c 'import torch' >/dev/null 2>&1 && { echo "$PYTHON"; return 0; }
+    echo "run.sh: PYTHON=$PYTHON cannot import torch" >&2; return 1
   fi
-  # every locked wheel, the stripped vLLM wheel and this project's wheel (its entry points are how
-  # vLLM finds the plugin), exactly as carried: no index, no resolution
-  "$venv/bin/python" -m pip install -q --no-index --no-deps "$wheels"/*.whl
-  touch "$venv/.installed"
-fi
-"$venv/bin/python" - <<'EOF'
+  for c in python3 python /opt/*/.venv/bin/python3 /opt/*/bin/python3; do
+    command -v "$c" >/dev/null 2>&1 || continue
+    tried="$tried $c"
+    if "$c" -c 'import torch' >/dev/null 2>&1; then command -v "$c"; return 0; fi
+  done
+  echo "run.sh: no interpreter here imports torch (tried:${tried:- none}); set PYTHON=" >&2; return 1
+}
+
+py="$(torch_python)"
+"$py" "$here/machine_venv.py" "$venv" "$wheels"   # builds once (stamped), then only checks
+export VPE_REFERENCE_PYTHON="${VPE_REFERENCE_PYTHON:-$py}"
+"$venv/bin/python" - <<'PYEOF'
 import torch, vllm, vllm_platform_ext
 print(f"torch {torch.__version__} cuda {torch.version.cuda} device "
       f"{torch.cuda.get_device_name() if torch.cuda.is_available() else 'none'}; vllm {vllm.__version__}")
-EOF
+PYEOF
 cd "$project"
 mkdir -p "$out"
 for step in ${do//,/ }; do
   case "$step" in
+    check) ;;
+    kernels-quick)
+      VPE_GPU_TIER=quick "$venv/bin/python" -m pytest -q -rs -p no:cacheprovider -m gpu \
+        --junitxml "$out/kernels-quick.xml" tests/test_turboquant_gpu.py tests/test_gdn_gpu.py "$@" || rc=$?
+      echo "results: $out/kernels-quick.xml" ;;
     kernels)
-      "$venv/bin/python" -m pytest -q -rs -p no:cacheprovider -m gpu --junitxml "$out/kernels.xml" \
+      kx="$out/kernels.xml"; [ "$kshard" = "1/1" ] || kx="$out/kernels-${kshard/\//of}.xml"
+      VPE_GPU_SHARD="$kshard" "$venv/bin/python" -m pytest -q -rs -p no:cacheprovider -m gpu --junitxml "$kx" \
         tests/test_turboquant_gpu.py tests/test_gdn_gpu.py "$@" || rc=$?
-      echo "results: $out/kernels.xml" ;;
+      echo "results: $kx" ;;
     engine)
       VPE_CELLS_SUITE="$suite" VPE_CELLS_SHARD="$shard" VPE_CELLS_PARALLEL="$parallel" VPE_CELLS_OUT="$out" \
+        VPE_CELLS_MEMORY="$memory" \
         "$venv/bin/python" -m pytest -q -rs -p no:cacheprovider -m gpu_engine tests/test_gpu_engine.py "$@" || rc=$?
       echo "results: $out/results.json, $out/results.md" ;;
     e2e)
@@ -76,7 +101,6 @@ for step in ${do//,/ }; do
       "$venv/bin/python" benchmarks/e2e_spec_decode.py --model qwen36_a3b --layers 8 --tp 2 --configs B,C \
         --batches 8 --contexts 4096 --out "$out/e2e-tp2" || rc=$?
       echo "results: $out/e2e-tp2/e2e.md" ;;
-    *) echo "run.sh: --do takes engine, kernels, e2e, e2e-tp2; got $step" >&2; exit 2 ;;
   esac
 done
 exit "${rc:-0}"

