@@ -9,6 +9,7 @@ from vllm_platform_ext.patching import PatchGroup
 
 
 def groups() -> list[PatchGroup]:
-    from vllm_platform_ext.wiring import gdn_cpu, gdn_cuda, turboquant, turboquant_workspace
+    from vllm_platform_ext.wiring import gdn_cpu, gdn_cuda, mamba_align_cpu, turboquant, turboquant_workspace
 
-    return [*gdn_cpu.GROUPS, *gdn_cuda.GROUPS, *turboquant.GROUPS, *turboquant_workspace.GROUPS]
+    return [*gdn_cpu.GROUPS, *gdn_cuda.GROUPS, *mamba_align_cpu.GROUPS, *turboquant.GROUPS,
+            *turboquant_workspace.GROUPS]
