@@ -86,12 +86,12 @@ def test_serve_defaults_prefix_cache_hits(tmp_path):
     from vllm_platform_ext.verify.serve_load import run_prefix_cache_check
     from vllm_platform_ext.verify.tiny_models import make_tiny_model
 
-    model = str(make_tiny_model("qwen3_next", tmp_path / "qwen3_next", dims="gpu"))
+    model = str(make_tiny_model("qwen3_next", tmp_path / "qwen3_next", dims="gpu", max_positions=1024))
     args = ["--dtype", "bfloat16", "--max-model-len", "1024", "--max-num-seqs", "8", "--gpu-memory-utilization", "0.5",
             "--speculative-config", _json.dumps({"method": "mtp", "num_speculative_tokens": 3})]
     for key, value in accelerator_engine_kwargs().items():
         args += ["--" + key.replace("_", "-"), str(value)]
-    res = run_prefix_cache_check(model, args, str(tmp_path / "prefix.log"), {"VLLM_ALLOW_LONG_MAX_MODEL_LEN": "1"})
+    res = run_prefix_cache_check(model, args, str(tmp_path / "prefix.log"))
     out = Path(os.environ.get("VPE_CELLS_OUT", "gpu-results"))
     out.mkdir(parents=True, exist_ok=True)
     (out / "serve_prefix.json").write_text(_json.dumps({**asdict(res), "versions": cells.versions()}, indent=1))
