@@ -26,6 +26,7 @@ def test_doctor_json_sections():
     assert info["bootstrap_via_entry_point"] is True
     names = {(e["step"], e["name"]): e["status"] for e in info["bootstrap"]["entries"]}
     assert names[("patch", "gdn.cpu_spec_decode")] == "applied"
+    assert names[("patch", "mamba.cpu_align_copies")] == "applied"  # no triton-cpu here (issue 30)
     assert {r["op"] for r in info["ops"]} >= {"gdn.causal_conv1d_update", "gdn.recurrent_gated_delta_rule"}
     # which TurboQuant verify kernel each preset takes: here (no GPU) each names its SM condition
     # (or v2 where this Triton has no Gluon)
@@ -44,8 +45,9 @@ def test_every_patch_group_declares_why_upstream_and_retirement():
     assert proc.returncode == 0, proc.stderr[-3000:]
     info = json.loads(proc.stdout[proc.stdout.index("{"):])
     ledger = {g["name"]: g for g in info["patch_groups"]}
-    assert set(ledger) == {"vllm_env.own_switches", "gdn.cpu_spec_decode", "gdn.cuda_zero_draft_spec_rows", "turboquant_spec_verify",
-                           "turboquant.reserve_workspace", "moe.disable_inplace_default", "maca.unquantized_moe_triton"}
+    assert set(ledger) == {"vllm_env.own_switches", "gdn.cpu_spec_decode", "gdn.cuda_zero_draft_spec_rows",
+                           "mamba.cpu_align_copies", "turboquant_spec_verify", "turboquant.reserve_workspace",
+                           "moe.disable_inplace_default", "maca.unquantized_moe_triton"}
     for g in ledger.values():
         assert len(g["why"]) > 40 and len(g["upstream"]) > 20 and len(g["retire"]) > 20, g
     reported = {e["name"] for e in info["bootstrap"]["entries"] if e["step"] == "patch"}

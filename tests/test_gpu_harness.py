@@ -256,7 +256,10 @@ def test_cell_maps_to_engine_arguments_and_environment():
     assert kw["speculative_config"] == {"method": "mtp", "num_speculative_tokens": 3}
     assert c.env() == {"VLLM_PLUGINS": "", "VLLM_PLATFORM_EXT_PLATFORM": "maca"}
     assert cells.Cell().engine_config().engine_kwargs()["enforce_eager"] is False
-    assert EngineConfig().engine_kwargs() == {"enforce_eager": True}
+    assert EngineConfig().engine_kwargs() == {"enforce_eager": True, "enable_prefix_caching": False}
+    pc = cells.Cell(prefix_caching=True)
+    assert pc.engine_config().engine_kwargs()["enable_prefix_caching"] is True and pc.id.endswith("-pc-on")
+    assert all(c.prefix_caching for c in cells.SUITES["prefix"])
     with pytest.raises(ValueError, match="graphs"):
         EngineConfig(graphs="sometimes")
 

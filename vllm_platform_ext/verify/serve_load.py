@@ -189,3 +189,91 @@ def run_load(model: str, serve_args: list[str], log_path: str, n: int = 64, canc
         res.note = "; ".join(res.errors[:3]) or ("server down after load" if not res.alive_after
                                                  else f"bad {res.bad:.3f} > floor {res.floor:.3f} + {margin}")
     return res
+
+
+@dataclass
+class PrefixCacheResult:
+    block_tokens: int = 0  # the attention/mamba block size the server chose (its start-up log)
+    hit_tokens: float = 0.0  # /metrics prefix-cache hits of the two requests meant to hit
+    salted_hit_tokens: float = 0.0  # ... of the one kept off the cache by its cache_salt
+    same_with_and_without_hit: bool = False
+    accepted_tokens: float = 0.0
+    bad: float = 0.0
+    floor: float = 0.0
+    alive_after: bool = False
+    errors: list = field(default_factory=list)
+    passed: bool = False
+
+
+def _complete_ids(port: int, prompt: list[int], max_tokens: int, salt: str | None = None) -> list[int]:
+    body = {"model": "tiny", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True,
+            "return_token_ids": True}
+    if salt:
+        body["cache_salt"] = salt
+    req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=300) as r:
+        ids = json.loads(r.read())["choices"][0]["token_ids"]
+    if len(ids) != max_tokens:
+        raise RuntimeError(f"{len(ids)} tokens back, asked for {max_tokens}")
+    return ids
+
+
+def _hits(port: int) -> float:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30) as r:
+        return counter(r.read().decode(), "vllm:prefix_cache_hits")
+
+
+def run_prefix_cache_check(model: str, serve_args: list[str], log_path: str, env: dict | None = None,
+                           max_tokens: int = 32, prefix_blocks: int = 2, margin: float = MARGIN) -> PrefixCacheResult:
+    """Prefix caching under `vllm serve`, one greedy request after another:
+
+    * ``A`` (a prompt just short of one block) decodes across the first block boundary, so the
+      align copies of (speculative) decoding run;
+    * ``D`` (``prefix_blocks`` blocks and a few tokens) saves the boundary states during its
+      prefill; ``E`` shares D's first ``prefix_blocks`` blocks: once with a ``cache_salt`` (no
+      hit) and once without (a hit): both must give the same tokens, and only the second counts
+      hits. (With MTP/EAGLE vLLM recomputes the last matched block for the drafter, so a hit
+      needs a prefix of two blocks; the server needs ``--max-model-len`` for it.)
+
+    Every output is audited against float32 transformers (floor + margin)."""
+    import re
+
+    r = random.Random(1)
+    hot = hot_token_ids(8)
+    res = PrefixCacheResult()
+    proc, port = start_server(model, serve_args, log_path, env)
+    outs: list[tuple[list[int], list[int]]] = []
+    try:
+        m = re.search(r"attention block size to (\d+) tokens", open(log_path).read())
+        res.block_tokens = int(m.group(1)) if m else 0
+        if not res.block_tokens:
+            res.errors.append("the server log does not say its attention block size")
+        n = res.block_tokens or 384
+        a = [r.choice(hot) for _ in range(n - max_tokens // 2)]
+        d = [r.choice(hot) for _ in range(prefix_blocks * n + 8)]
+        e = d[: prefix_blocks * n + 2] + [r.choice(hot) for _ in range(5)]
+        try:
+            outs.append((a, _complete_ids(port, a, max_tokens)))
+            outs.append((d, _complete_ids(port, d, max_tokens)))
+            h0 = _hits(port)
+            e_salted = _complete_ids(port, e, max_tokens, salt="vpe-no-hit")
+            h1 = _hits(port)
+            e_hit = _complete_ids(port, e, max_tokens)
+            res.salted_hit_tokens, res.hit_tokens = h1 - h0, _hits(port) - h1
+            outs += [(e, e_salted), (e, e_hit)]
+            res.same_with_and_without_hit = e_salted == e_hit
+        except Exception as exc:
+            res.errors.append(f"{type(exc).__name__}: {exc}")
+        res.alive_after = healthy(port)
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30) as resp:
+            res.accepted_tokens = counter(resp.read().decode(), "vllm:spec_decode_num_accepted_tokens")
+    finally:
+        stop_server(proc)
+    if outs:
+        ref = Reference(model)
+        prompts = [p for p, _ in outs]
+        res.bad = ref.audit(prompts, [g for _, g in outs]).bad_fraction
+        res.floor = ref.floor(prompts, max_tokens).bad_fraction
+    res.passed = (not res.errors and res.alive_after and len(outs) == 4 and passes(res.bad, res.floor, margin))
+    return res

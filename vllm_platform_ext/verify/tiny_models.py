@@ -372,14 +372,15 @@ def hot_token_ids(n: int = 16) -> list[int]:
 
 def make_tiny_model(kind: str, out_dir: str | os.PathLike, seed: int = 0, std: float = 0.2,
                     mtp_layers: int = 1, hot_tokens: int = 8, cold_scale: float = 0.05,
-                    dims: str = "cpu") -> Path:
+                    dims: str = "cpu", max_positions: int = 512) -> Path:
     """Write a deterministic tiny checkpoint of ``kind`` to ``out_dir`` and return its path.
 
     ``hot_tokens`` > 0 scales the ``lm_head`` rows of every token except that many letters
     (:func:`hot_token_ids`) by ``cold_scale``: greedy outputs then stay (almost always) in a
     small alphabet, so generated text repeats n-grams and ngram/MTP drafts get accepted now
     and then, while which letter comes next still depends on the recurrent state. 0 keeps
-    the plain random head. ``dims`` picks the head sizes (:data:`DIMS`).
+    the plain random head. ``dims`` picks the head sizes (:data:`DIMS`). ``max_positions`` is the
+    config's ``max_position_embeddings`` (RoPE only: the weights do not depend on it).
     """
     import torch
     from safetensors.torch import save_file
@@ -406,6 +407,7 @@ def make_tiny_model(kind: str, out_dir: str | os.PathLike, seed: int = 0, std: f
         return out
     full_cfg = _hf_config(cfg).to_dict()
     full_cfg.update({k: v for k, v in cfg.items()})
+    full_cfg["max_position_embeddings"] = int(max_positions)
     full_cfg["torch_dtype"] = "bfloat16"
     full_cfg["dtype"] = "bfloat16"
     full_cfg.pop("transformers_version", None)

@@ -9,7 +9,8 @@ from vllm_platform_ext.patching import PatchGroup
 
 
 def groups() -> list[PatchGroup]:
-    from vllm_platform_ext.wiring import gdn_cpu, gdn_cuda, maca_moe, turboquant, turboquant_workspace, vllm_env
+    from vllm_platform_ext.wiring import (gdn_cpu, gdn_cuda, maca_moe, mamba_align_cpu, turboquant,
+                                          turboquant_workspace, vllm_env)
 
-    return [*vllm_env.GROUPS, *gdn_cpu.GROUPS, *gdn_cuda.GROUPS, *turboquant.GROUPS, *turboquant_workspace.GROUPS,
-            *maca_moe.GROUPS]
+    return [*vllm_env.GROUPS, *gdn_cpu.GROUPS, *gdn_cuda.GROUPS, *mamba_align_cpu.GROUPS, *turboquant.GROUPS,
+            *turboquant_workspace.GROUPS, *maca_moe.GROUPS]
