@@ -111,7 +111,7 @@ def _gdn_calls():
     from vllm_platform_ext.ops.gdn import cases, harness, triton_ops
 
     for name, case in cases.standard_cases().items():
-        for dtype in (torch.bfloat16, torch.float16):
+        for dtype in (torch.bfloat16,):  # the models' dtype; fp16/fp32 add specializations, not constructs
             yield f"gdn {name} {dtype}", lambda c=case, d=dtype: harness.call_op(triton_ops, c, d, "cpu")
 
 
