@@ -80,9 +80,10 @@ def _platform():
 
 
 def _gdn_chunk_op():
-    from vllm.model_executor.custom_op import CustomOp
+    from vllm.model_executor import custom_op
 
-    oot = getattr(CustomOp, "op_registry_oot", {}).get(GDN_CHUNK_OP)
+    registry = getattr(custom_op, "op_registry_oot", None) or getattr(custom_op.CustomOp, "op_registry_oot", {})
+    oot = registry.get(GDN_CHUNK_OP)
     if oot is None:
         return f"{GDN_CHUNK_OP} (vLLM's)", "no out-of-tree class registered (this plugin registers none)"
     return _qualname(oot), "another plugin's register_oot, kept (this plugin registers none)"
