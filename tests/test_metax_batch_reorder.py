@@ -90,6 +90,7 @@ PLUGIN = textwrap.dedent('''
 
 
 def _plugin_dir(root: Path) -> Path:
+    root.mkdir(parents=True)
     (root / "metax_reorder_plugin.py").write_text(PLUGIN)
     dist = root / "metax_reorder_plugin-0.0.dist-info"
     dist.mkdir()
