@@ -21,7 +21,7 @@ setup(
     },
     entry_points={
         "vllm.platform_plugins": ["vllm_platform_ext = vllm_platform_ext:register"],
-        "vllm.general_plugins": ["vllm_platform_ext = vllm_platform_ext:bootstrap"],
+        "vllm.general_plugins": ["vllm_platform_ext = vllm_platform_ext.general_plugin:bootstrap"],
         "console_scripts": ["vllm-platform-ext = vllm_platform_ext.cli:main"],
     },
 )

@@ -46,6 +46,11 @@ case "${1:-install}" in
     # The wheels each line's compat schema table was derived from (files only, ~2 GB, checked
     # against the sha256 in the tables; tests/test_compat_tables.py re-derives the tables).
     "$PY" tools/compat_tables.py fetch >/dev/null
+    # Beside vLLM-metax (tests/test_beside_vllm_metax.py, test_metax_triton.py): gguf for the
+    # 0.22-0.25 lines' Python (~5 MB) and the Tritons vLLM-metax's branches pin, 3.0.0 and 3.6.0
+    # (~550 MB each, ~10 s; skipped when present).
+    "$PY" tools/vllm_lines.py deps >/dev/null
+    "$PY" tools/vllm_lines.py triton >/dev/null
     [ $# -gt 0 ] || set -- tests
     "$PY" -m pytest -q -rs -m "not gpu" "$@" ;;
   *) echo "usage: $0 [install|verify|test]" >&2; exit 2 ;;

@@ -87,7 +87,7 @@ if __name__ == "__main__":
 """
 
 ENTRY_POINTS = """[vllm.general_plugins]
-vllm_platform_ext = vllm_platform_ext:bootstrap
+vllm_platform_ext = vllm_platform_ext.general_plugin:bootstrap
 
 [vllm.platform_plugins]
 vllm_platform_ext = vllm_platform_ext:register

@@ -21,7 +21,7 @@ def test_doctor_json_sections():
     info = json.loads(proc.stdout[proc.stdout.index("{"):])
     assert info["platform"]["register()"] is None and info["platform"]["vllm_current_platform"] == "CpuPlatform"
     assert info["versions"]["vllm"].startswith("0.32") and info["versions"]["torch"]
-    assert info["entry_points"]["vllm.general_plugins"] == ["vllm_platform_ext = vllm_platform_ext:bootstrap"]
+    assert info["entry_points"]["vllm.general_plugins"] == ["vllm_platform_ext = vllm_platform_ext.general_plugin:bootstrap"]
     assert info["entry_points"]["vllm.platform_plugins"] == ["vllm_platform_ext = vllm_platform_ext:register"]
     assert info["bootstrap_via_entry_point"] is True
     names = {(e["step"], e["name"]): e["status"] for e in info["bootstrap"]["entries"]}

@@ -5,9 +5,11 @@ Entry points only:
 
 * ``register()`` (``vllm.platform_plugins``): the MetaX platform class path where a MetaX
   runtime is present, else ``None``. Imports no vLLM module.
-* ``bootstrap()`` (``vllm.general_plugins``): runs once per process, in every vLLM process:
-  compat shims, then op registration, then quantization configs, then patches; each item
-  recorded in one report.
+* ``bootstrap()`` (``vllm.general_plugins``, through ``vllm_platform_ext.general_plugin``):
+  runs once per process, in every vLLM process: compat shims, then op registration, then
+  quantization configs, then patches; each item recorded in one report. The compat step runs
+  when vLLM's loader imports that entry point's module (:func:`early_compat`), i.e. before
+  the loader calls any general plugin -- vLLM-metax's included -- in either entry-point order.
 """
 from __future__ import annotations
 
@@ -19,9 +21,10 @@ __version__ = "0.1.0"
 
 PLATFORM_CLASS = "vllm_platform_ext.platform.MacaPlatform"
 
-_lock = threading.Lock()
+_lock = threading.RLock()
 _runs = 0
 _report = None
+_compat_report = None  # the report the compat step ran into (early_compat or bootstrap)
 
 
 def register() -> str | None:
@@ -39,6 +42,42 @@ def _logger():
         return logging.getLogger("vllm_platform_ext")
 
 
+def _run_step(report, step: str, run, strict: bool) -> None:
+    try:
+        run()
+    except Exception as exc:
+        if not report.has_failure(step):  # not yet recorded by the step itself
+            report.failed(step, step, f"{type(exc).__name__}: {exc}")
+        if strict:
+            raise
+
+
+def early_compat() -> None:
+    """Run only the compat step, once per process, into the report ``bootstrap()`` continues.
+
+    Called when vLLM's plugin loader imports ``vllm_platform_ext.general_plugin``: the loader
+    imports every general plugin before it calls any, so the missing ``_C`` schemas and the
+    ``torch.accelerator`` helpers are in place before another plugin's function runs (vLLM-metax's
+    ``register_customized`` / ``register_out_of_tree`` import vLLM's fusion and quantization
+    modules) whichever order the entry points come in.
+    """
+    global _compat_report
+    with _lock:
+        if _compat_report is not None:
+            return
+        from vllm_platform_ext import compat
+        from vllm_platform_ext.patching import strict_mode
+        from vllm_platform_ext.report import Report
+
+        _compat_report = Report()
+        _run_step(_compat_report, "compat", lambda: compat.apply(_compat_report), strict_mode())
+
+
+def compat_done() -> bool:
+    """Whether the compat step has run in this process (reads state only; imports nothing)."""
+    return _compat_report is not None
+
+
 def bootstrap() -> None:
     """Apply compat, ops and patches once in this process (later calls do nothing).
 
@@ -51,11 +90,11 @@ def bootstrap() -> None:
     with _lock:
         if _report is not None:
             return
-        from vllm_platform_ext import compat, ops, quant, switches, wiring
+        from vllm_platform_ext import ops, quant, switches, wiring
         from vllm_platform_ext.patching import apply_group, strict_mode
-        from vllm_platform_ext.report import Report
 
-        report = Report()
+        early_compat()  # no-op where vLLM's loader already ran it at import
+        report = _compat_report
         _report = report
         _runs += 1
         bad = switches.problems()
@@ -66,20 +105,15 @@ def bootstrap() -> None:
             raise switches.SwitchError(bad)
         strict = strict_mode()
         steps = [
-            ("compat", lambda: compat.apply(report)),
             ("ops", lambda: ops.register_all(report)),
             ("quant", lambda: quant.register(report)),
             ("patch", lambda: [apply_group(g, report) for g in (*wiring.groups(), *quant.groups())]),
         ]
         try:
+            if strict and report.has_failure("compat"):
+                raise RuntimeError(f"compat step failed: {report.summary()}")
             for step, run in steps:
-                try:
-                    run()
-                except Exception as exc:
-                    if not report.has_failure(step):  # not yet recorded by the step itself
-                        report.failed(step, step, f"{type(exc).__name__}: {exc}")
-                    if strict:
-                        raise
+                _run_step(report, step, run, strict)
         finally:
             from vllm_platform_ext.verify.cpu_paths import FORCED_ENV  # set by verify/force_*/sitecustomize
 

@@ -111,6 +111,14 @@ def _optional_sections() -> dict:
     """Sections contributed by parts that may not be present in every build."""
     out: dict = {"fix_targets": fix_targets()}
     try:
+        from vllm_platform_ext import metax_peer
+
+        peer = metax_peer.line()
+        if peer is not None:  # beside vLLM-metax: its branch and where each fix lands there
+            out["vllm_metax"] = {**peer, "targets": metax_peer.targets()}
+    except Exception as exc:
+        out["vllm_metax"] = f"unavailable: {type(exc).__name__}: {exc}"
+    try:
         from vllm_platform_ext import compat
 
         out["compat_table"] = compat.table_info()
@@ -192,6 +200,13 @@ def _print_doctor(info: dict) -> None:
     section("fix targets (live: the classes vLLM's registries hold now)")
     for fix, cls, state in info["fix_targets"]:
         print(f"  {fix:24} {cls:60} {state}")
+    peer = info.get("vllm_metax")
+    if isinstance(peer, dict):
+        section(f"beside vLLM-metax {peer['version']} (branch {peer['branch']}, pins Triton {peer['triton_pin']})")
+        for fix, target, state in peer["targets"]:
+            print(f"  {fix:30} {target:60} {state}")
+    elif peer:
+        section(f"beside vLLM-metax: {peer}")
     _print_compat(info, section)
     if isinstance(info.get("maca_env_defaults"), list):
         section("MACA environment defaults (applied when the MetaX platform is active)")

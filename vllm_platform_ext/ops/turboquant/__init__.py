@@ -14,6 +14,7 @@ _VERIFY_REF = "vllm_platform_ext.ops.turboquant.reference:turboquant_verify_atte
 
 OPS: list[OpImpl] = [
     OpImpl("turboquant.verify_attention", "cuda", _VERIFY, "triton", {}),
-    OpImpl("turboquant.verify_attention", "maca", _VERIFY, "triton", {"num_warps": 4, "num_stages": 1, "gluon": False}),
+    OpImpl("turboquant.verify_attention", "maca", _VERIFY, "triton", {"num_warps": 4, "num_stages": 1, "gluon": False,
+                                                                        "inline_ptx": False}),
     OpImpl("turboquant.verify_attention", "cpu", _VERIFY_REF, "torch", {}),
 ]

@@ -53,7 +53,8 @@ def _unpack_bits(KV, base, n_ok, OFF: tl.constexpr, BITS: tl.constexpr, D: tl.co
 def _load_fp16(KV, addr, n_ok):
     lo = tl.load(KV + addr, mask=n_ok, other=0).to(tl.uint16)
     hi = tl.load(KV + addr + 1, mask=n_ok, other=0).to(tl.uint16)
-    return (lo | (hi << 8)).to(tl.float16, bitcast=True).to(tl.float32)
+    # Triton 3.0 (vLLM-metax v0.23) widens ``uint16 << 8`` to int32: narrow before the 16-bit bitcast
+    return (lo | (hi << 8)).to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float32)
 
 
 @triton.jit

@@ -205,7 +205,7 @@ def _v2_tile(cka, ckb, ckc, cva, cvb, cvc, ckn, cvs, cvz,
     adds bias long contexts (measured: 1e-1 relative at 32K); the tile's product starts from zero.
     """
     # ---- scores ----
-    if KEY_FP8 and FP8_ASM and ASM_SPLIT:  # one byte position at a time, next to its dot
+    if (KEY_FP8 and FP8_ASM) and ASM_SPLIT:  # one byte position at a time, next to its dot (Triton 3.0: no chained and)
         s = tl.dot(q0, tl.trans(_fp8_pos_f16_asm(cka, "0x40")))
         s = tl.dot(q1, tl.trans(_fp8_pos_f16_asm(cka, "0x51")), s)
         s = tl.dot(q2, tl.trans(_fp8_pos_f16_asm(cka, "0x62")), s)
@@ -280,7 +280,8 @@ def _v2_tile(cka, ckb, ckc, cva, cvb, cvc, ckn, cvs, cvz,
     r_i = r_i * alpha + tl.sum(p * v_zero[None, :], axis=1) + (half * s_max) * tl.sum(w.to(tl.float32), axis=1)
     f = (alpha * (c_i / s_max))[:, None]
     if VAL_BITS == 3:
-        vt = _idx_f16(_unpack_3bit(cva, cvb, cvc, D, BLOCK_N), 7) - 1028.0
+        # .to(fp16): Triton 3.0 (vLLM-metax v0.23) promotes fp16 - float literal to fp32
+        vt = (_idx_f16(_unpack_3bit(cva, cvb, cvc, D, BLOCK_N), 7) - 1028.0).to(tl.float16)
         acc0 = acc0 * f + tl.dot(w, vt)
     elif NIB_ASM and ASM_SPLIT:
         h = cva.to(tl.int16)
@@ -292,10 +293,10 @@ def _v2_tile(cka, ckb, ckc, cva, cvb, cvc, ckn, cvs, cvz,
         if NIB_ASM:
             v0, v1, v2, v3 = _nib4_f16_asm(cva.to(tl.int16))
         else:
-            v0 = _idx_f16(cva, 15) - 1032.0
-            v1 = _idx_f16(cva >> 4, 15) - 1032.0
-            v2 = _idx_f16(cva >> 8, 15) - 1032.0
-            v3 = _idx_f16(cva >> 12, 15) - 1032.0
+            v0 = (_idx_f16(cva, 15) - 1032.0).to(tl.float16)  # fp16 on Triton 3.0 too
+            v1 = (_idx_f16(cva >> 4, 15) - 1032.0).to(tl.float16)  # fp16 on Triton 3.0 too
+            v2 = (_idx_f16(cva >> 8, 15) - 1032.0).to(tl.float16)  # fp16 on Triton 3.0 too
+            v3 = (_idx_f16(cva >> 12, 15) - 1032.0).to(tl.float16)  # fp16 on Triton 3.0 too
         acc0 = acc0 * f + tl.dot(w, v0)
         acc1 = acc1 * f + tl.dot(w, v1)
         acc2 = acc2 * f + tl.dot(w, v2)

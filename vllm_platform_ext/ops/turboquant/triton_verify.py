@@ -106,6 +106,7 @@ def turboquant_verify_attention(
     num_stages: int | None = None,
     GATHER: bool | None = None,
     gluon: bool | None = None,
+    inline_ptx: bool | None = None,
 ) -> torch.Tensor:
     """Attention of a uniform K+1 batch over a TurboQuant cache.
 
@@ -115,6 +116,9 @@ def turboquant_verify_attention(
     tokens, which must already be stored). Returns ``[B*(K+1), Hq, D]`` in query dtype
     (written into ``out`` when given). ``num_query_per_req = 1`` is plain decode.
     ``gluon=False`` keeps every preset on the Triton kernel (None: the Gluon kernel where it can run).
+    ``inline_ptx=False`` keeps the v2 kernel off its inline-PTX dequant paths (None: on a CUDA
+    device); MetaX's op config sets both False: its Triton builds (3.0 / 3.6) lower to MACA, which
+    has no PTX, and have no Gluon.
     """
     if query.dim() != 3:
         raise ValueError(f"query must be [tokens, num_q_heads, head_dim], got shape {tuple(query.shape)}")
@@ -223,7 +227,7 @@ def turboquant_verify_attention(
         if block_m >= 64 and "WARPS_M64" in v2:
             v2["num_warps"] = v2["WARPS_M64"]
         cent16 = cent.to(torch.float16) if not lay.key_fp8 else kv16
-        asm_ok = dev.type == "cuda" and not _interpreting()
+        asm_ok = dev.type == "cuda" and not _interpreting() and inline_ptx is not False
         fp8_asm = bool(v2.get("FP8_ASM", False) and asm_ok and lay.key_fp8 and kv32 is not None and not fp8_e4b15
                        and torch.cuda.get_device_capability(dev) >= (8, 9))
         nib_asm = bool(v2.get("NIB_ASM", False) and asm_ok and lay.value_bits == 4)
@@ -344,6 +348,12 @@ def _word_views(kv_cache: torch.Tensor):
 def describe_kernels() -> list[tuple[str, str, str]]:
     """(preset, stage-1 kernel a head-dim-256 call on this process's GPU takes, why) for doctor.
     Per call the slots' alignment and the fp8 flavour can still send k8v4 to the v2 kernel."""
+    from vllm_platform_ext.ops.dispatch import active_platform
+
+    if active_platform() == "maca":
+        why = ("MetaX: Triton kernel (op config gluon=False, inline_ptx=False): MetaX's Triton (3.0 on "
+               "vLLM-metax v0.23, 3.6 elsewhere) lowers to MACA, which has no PTX, and has no Gluon")
+        return [(preset, "v2 (v1 where slots are byte-aligned)", why) for preset in policy.V2_LAUNCH_DEFAULTS]
     has_gluon = _gluon_available()
     cap = torch.cuda.get_device_capability() if torch.cuda.is_available() else None
     rows = []
