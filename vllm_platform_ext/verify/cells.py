@@ -26,7 +26,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from vllm_platform_ext.verify.audit import MARGIN, Reference, passes
-from vllm_platform_ext.verify.engine import EngineConfig, EngineRun, EngineSettings, run_in_subprocess
+from vllm_platform_ext.verify.engine import EngineConfig, EngineRun, EngineSettings, failed_patches, run_in_subprocess
 from vllm_platform_ext.verify.prompts import default_prompts
 from vllm_platform_ext.verify.tiny_models import make_tiny_model
 
@@ -112,6 +112,8 @@ def judge(cell: Cell, run, audit, floor: float, margin: float) -> tuple[str, str
     """(status, note) of one cell's run."""
     if run.error:
         return ("fail" if cell.plugin else "upstream-crash"), run.error.strip().splitlines()[-1][:300]
+    if cell.plugin and failed_patches(run):
+        return "fail", f"plugin patch group failed in the engine: {', '.join(failed_patches(run))}"
     ok = passes(audit.bad_fraction, floor, margin)
     if cell.plugin:
         if not ok:

@@ -6,8 +6,9 @@ audit each run's tokens under transformers float32 and print one table row per m
 ``bad`` fraction of positions with regret > 0.5 nats, the bf16 ``floor`` of the same model,
 draft/accept counts and PASS/FAIL. Exit code 0 when every row passes.
 
-A row fails when bad > floor + margin, when the engine raised, or when a speculative mode
-proposed no draft at all (then it would prove nothing).
+A row fails when bad > floor + margin, when the engine raised, when a plugin patch group failed
+in the engine (a fix its probe calls needed whose target is missing), or when a speculative
+mode proposed no draft at all (then it would prove nothing).
 """
 from __future__ import annotations
 
@@ -21,7 +22,8 @@ from pathlib import Path
 
 from vllm_platform_ext.verify.audit import BAD_NATS, MARGIN, Reference, passes
 from vllm_platform_ext.verify.cpu_paths import NO_AVX512_BF16, PATHS, env_for
-from vllm_platform_ext.verify.engine import GRAPH_MODES, EngineConfig, EngineSettings, run_in_subprocess
+from vllm_platform_ext.verify.engine import (GRAPH_MODES, EngineConfig, EngineSettings, failed_patches,
+                                             run_in_subprocess)
 from vllm_platform_ext.verify.prompts import default_prompts
 from vllm_platform_ext.verify.tiny_models import DIMS, KINDS, check_checkpoint, make_tiny_model
 
@@ -90,6 +92,8 @@ class Row:
 def judge(run, audit, floor: float, margin: float) -> tuple[bool, str]:
     if run.error:
         return False, run.error.splitlines()[0][:120]
+    if failed_patches(run):  # a needed fix did not land: the tokens may be right by chance only
+        return False, f"plugin patch group failed in the engine: {', '.join(failed_patches(run))}"
     if run.mode != "base" and run.num_draft_tokens == 0:
         return False, "no drafts proposed: the spec path was not exercised"
     ok = passes(audit.bad_fraction, floor, margin)
