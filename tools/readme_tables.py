@@ -156,7 +156,7 @@ def render(readme: str, table: str) -> str:
 
 _UNIT = r"(?:%|x|×|s|ms|µs|us|min|minutes|seconds|GiB|GB|MiB|MB|KB|nats|tokens/s|tok/s|points)"
 FIGURE = re.compile(
-    r"(?<![\w.])(\d+(?:\.\d+)?\s?(?:–|-)\s?\d+(?:\.\d+)?\s?" + _UNIT + r"(?![\w/])"  # ranges with a unit
+    r"(?<![\w./=])(\d+(?:\.\d+)?\s?(?:–|-)\s?\d+(?:\.\d+)?\s?" + _UNIT + r"(?![\w/])"  # ranges with a unit
     r"|\d+/\d+(?![\w/.])"  # ratios: 19/347
     r"|\d+(?:\.\d+)?\s?" + _UNIT + r"(?![\w/])"  # a number with a unit
     r"|\d+\.\d{2,}(?![\w.])"  # measured decimals: 0.004
@@ -164,6 +164,7 @@ FIGURE = re.compile(
 )
 # not claims of a measurement: versions, line numbers, the plugin's documented settings
 IGNORE = re.compile(r"^(?:0\.\d\d?|\d+\.\d+\.\d+)$")
+REQUIREMENT = re.compile(r"(?:≥|>=|<=|Python|torch|Triton|vLLM|vllm|sm_)\s*$")  # "Python ≥ 3.10"
 
 
 def figures(text: str) -> list[str]:
@@ -172,7 +173,8 @@ def figures(text: str) -> list[str]:
     out = []
     for m in FIGURE.finditer(text):
         f = m.group(0).strip()
-        if not IGNORE.match(f):
+        before = text[max(0, m.start() - 12):m.start()]
+        if not IGNORE.match(f) and not REQUIREMENT.search(before):
             out.append(f)
     return list(dict.fromkeys(out))
 
@@ -189,12 +191,37 @@ def result_texts(root: pathlib.Path = ROOT) -> dict[str, str]:
     return out
 
 
+def _split(readme: str) -> tuple[str, list[str]]:
+    """(prose, the lines of fenced code blocks) of a Markdown text."""
+    prose, code, inside = [], [], False
+    for line in readme.splitlines():
+        if line.strip().startswith("```"):
+            inside = not inside
+            continue
+        (code if inside else prose).append(line)
+    return "\n".join(prose), code
+
+
 def unbacked(readme: str, texts: dict[str, str], allowed: frozenset = frozenset()) -> list[str]:
-    """The README figures that appear in no committed result file (whitespace and dashes
-    normalised; a number with a unit also matches its bare number next to that unit's column)."""
+    """The README's claims that no committed result file backs.
+
+    * A line of a fenced code block (a sample of ``doctor``/``verify`` output) that holds a
+      figure must appear in one result file as it stands (whitespace normalised; a line cut
+      short with ``...`` matches by its beginning).
+    * A figure in the prose must appear in a result file (dashes and whitespace normalised; a
+      number with a unit also matches the bare number)."""
     corpus = _norm("\n".join(texts.values()))
+    prose, code = _split(readme)
     missing = []
-    for f in figures(readme):
+    for line in code:
+        if not figures(line):
+            continue
+        n = _norm(line)
+        if n.endswith("..."):
+            n = n[:-3].rstrip()
+        if n not in corpus:
+            missing.append(line.strip())
+    for f in figures(prose):
         if f in allowed:
             continue
         n = _norm(f)
