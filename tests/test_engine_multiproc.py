@@ -23,7 +23,7 @@ def worker_state(self=None):
 if __name__ == "__main__":
     from vllm import LLM, SamplingParams
     llm = LLM(model=sys.argv[1], skip_tokenizer_init=True, dtype="bfloat16", max_model_len=256,
-              max_num_seqs=4, enforce_eager=True, seed=0, enable_prefix_caching=False,
+              disable_log_stats=False, max_num_seqs=4, enforce_eager=True, seed=0, enable_prefix_caching=False,
               speculative_config={"method": "ngram", "num_speculative_tokens": 3,
                                   "prompt_lookup_min": 1, "prompt_lookup_max": 3})
     states = llm.collective_rpc(worker_state)
