@@ -12,7 +12,8 @@ In a fresh process, vLLM resolves the platform and loads every general plugin (o
 vendor's, in whatever order the entry points come). Then: our platform probe stood aside, the
 vendor's config is the one registered, its MoE method runs (our ``disable_inplace`` default),
 and resolving the TurboQuant backend as vLLM's selector does lands our verify routing on the
-vendor's classes; doctor lists each fix with its target class. Runs with the plugins loaded in
+vendor's classes: a uniform K+1 verify batch through the vendor impl's forward reaches the
+plugin's op and matches the reference attention, another batch keeps the vendor's forward; doctor lists each fix with its target class. Runs with the plugins loaded in
 both orders.
 """
 from __future__ import annotations
@@ -101,6 +102,64 @@ ATTN = textwrap.dedent('''
 CHILD = textwrap.dedent('''
     import json, os, sys
     import torch
+
+
+    def verify_batch_through_vendor_forward():
+        """A uniform K+1 verify batch and a mixed one, each through the vendor impl's forward as
+        vLLM calls it (vLLM's metadata class, a cache written by the float64 store reference):
+        the first must reach the plugin's op (spied on at the dispatch) and give the reference
+        attention, the second the vendor's own forward."""
+        from vllm.model_executor.layers.quantization.turboquant.config import TurboQuantConfig
+        from vllm.v1.attention.backends import turboquant_attn as tq
+        from vendor_oot.attn import VendorTurboQuantImpl
+        from vllm_platform_ext.ops import dispatch
+        from vllm_platform_ext.ops.turboquant import layout as L, reference as R
+        from vllm_platform_ext.ops.turboquant.routing import workspace_rows
+
+        preset, d, hq, hk, k1, page = "turboquant_k8v4", 64, 4, 2, 3, 16
+        impl = VendorTurboQuantImpl.__new__(VendorTurboQuantImpl)
+        impl.num_heads, impl.head_size, impl.scale, impl.num_kv_heads = hq, d, d ** -0.5, hk
+        impl.num_kv_groups, impl.kv_cache_dtype = hq // hk, preset
+        impl.tq_config = TurboQuantConfig.from_cache_dtype(preset, d)
+        impl._soa_store = impl._use_flydsl = False
+        impl._pe_num_spec, impl._pe_max_num_seqs = k1 - 1, 8  # what the patched __init__ sets
+        impl._pe_ws_rows = workspace_rows(8, k1 - 1)
+        layer = torch.nn.Module()
+        impl._ensure_on_device(layer, torch.device("cpu"))
+        torch.manual_seed(0)
+        cache = torch.zeros(4, hk, page, L.layout_for(preset, d).slot_size_aligned, dtype=torch.uint8)
+        R.tq_store_reference(torch.randn(4 * page, hk, d), torch.randn(4 * page, hk, d), cache.transpose(1, 2),
+                             torch.arange(4 * page), preset, PiT=layer._tq_PiT, centroids=layer._tq_centroids)
+        sl, bt = torch.tensor([20, 9], dtype=torch.int32), torch.tensor([[1, 2], [3, 0]], dtype=torch.int32)
+        n = 2 * k1
+        qsl = torch.tensor([0, k1, n])
+        md = tq.TurboQuantMetadata(seq_lens=sl, slot_mapping=torch.zeros(n, dtype=torch.long), block_table=bt,
+                                   query_start_loc=qsl, num_actual_tokens=n, max_query_len=k1, max_seq_len=20,
+                                   is_prefill=True, query_start_loc_cpu=qsl, seq_lens_cpu=sl)
+        md.verify_k1 = k1  # what the patched builder tags a uniform K+1 batch with
+        calls = []
+        real_get_op = dispatch.get_op
+
+        def spy_get_op(name, *a, **k):
+            calls.append(name)
+            return real_get_op(name, *a, **k)
+
+        dispatch.get_op = spy_get_op
+        try:
+            q = torch.randn(n, hq * d)
+            res = impl.forward(layer, q, None, None, cache, md, output=torch.zeros(n, hq * d))
+            md.verify_k1 = 0  # a batch the builder did not tag: the vendor's own path
+            other = impl.forward(layer, q, None, None, cache, md, output=torch.zeros(n, hq * d))
+        finally:
+            dispatch.get_op = real_get_op
+        ref = R.tq_attention_reference_varlen(q.view(n, hq, d).double(), cache.transpose(1, 2), bt, sl, qsl,
+                                              preset=preset, scale=d ** -0.5, centroids=layer._tq_centroids,
+                                              PiT=layer._tq_PiT)
+        return {"op_calls": calls, "is_tensor": isinstance(res, torch.Tensor),
+                "max_abs_diff": float((res.view(n, hq, d).double() - ref.double()).abs().max())
+                if isinstance(res, torch.Tensor) else None,
+                "untagged": other if isinstance(other, str) else type(other).__name__}
+
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     from vllm.platforms import current_platform
     from vllm.plugins import load_general_plugins
@@ -125,6 +184,7 @@ CHILD = textwrap.dedent('''
     backend = selector.resolve_obj_by_qualname(AttentionBackendEnum.TURBOQUANT.get_path())
     out["turboquant_backend"] = f"{backend.__module__}.{backend.__qualname__}"
     out["vendor_forward_patched"] = patching.is_patched("vendor_oot.attn:VendorTurboQuantImpl.forward")
+    out["verify_batch"] = verify_batch_through_vendor_forward()
     info = cli.collect()
     out["entries"] = {e["name"]: [e["status"], e["detail"]] for e in info["bootstrap"]["entries"]
                       if e["step"] in ("patch", "quant")}
@@ -166,6 +226,11 @@ def test_fixes_land_on_the_vendor_classes(tmp_path, vendor_first):
     assert out["vendor_moe_apply"] == {"inplace": True}, out["vendor_moe_apply"]
     assert out["turboquant_backend"] == "vendor_oot.attn.VendorTurboQuantBackend"
     assert out["vendor_forward_patched"] is True
+    # a verify batch through the vendor's forward reaches the plugin's op and gives the reference
+    vb = out["verify_batch"]
+    assert vb["op_calls"] == ["turboquant.verify_attention"] and vb["is_tensor"], vb
+    assert vb["max_abs_diff"] < 1e-4, vb
+    assert vb["untagged"] == "vendor forward", vb  # other batches keep the vendor's own path
     e = out["entries"]
     assert e["moe.disable_inplace_default"][0] == "applied"
     assert e["turboquant_spec_verify -> vendor_oot.attn.VendorTurboQuantBackend"][0] == "applied"

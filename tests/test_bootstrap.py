@@ -43,7 +43,9 @@ def test_failure_is_reported_not_raised(python):
     info = _info(python(FAILING_GROUP + "v.bootstrap()\n" + REPORT))
     got = {e["name"]: e for e in info["entries"]}
     assert got["test.broken"]["status"] == "failed" and "boom in build" in got["test.broken"]["detail"]
-    assert got["test.missing"]["status"] == "skipped" and "__no_such_attr__" in got["test.missing"]["detail"]
+    # no probe says "not needed", so the fix is needed and its missing target fails the health line
+    assert got["test.missing"]["status"] == "failed" and "__no_such_attr__" in got["test.missing"]["detail"]
+    assert "failed" in info["summary"] and " 0 failed" not in info["summary"]
 
 
 def test_strict_mode_raises(python):

@@ -3,6 +3,9 @@ line's own wheel: the ops its Python touches at import are all in the table and 
 is, each schema is the one its kernel library registers, and ``real`` rows have a torch kernel
 that takes exactly those arguments.
 
+These checks read the wheels with the same scanner that derived the tables; the independent
+check, every line's real Python imported with ``_C`` absent, is tests/test_compat_lines_import.py.
+
 The wheels are fetched (not installed) by ``python tools/compat_tables.py fetch``, which
 ``scripts/setup.sh test`` runs; their sha256 must be the one the table records.
 """

@@ -1,6 +1,7 @@
 """The real vLLM engine with multiprocessing on: bootstrap() ran exactly once inside the spawned
-EngineCore/worker process, the GDN patch is live there, and the engine generates the tokens a
-float32 transformers run of the same weights accepts."""
+EngineCore/worker process, the GDN patch is live there, ngram drafts are proposed *and accepted*
+(a path that rejected every draft would still decode right), and the engine generates the tokens
+a float32 transformers run of the same weights accepts."""
 import json
 import os
 
@@ -22,38 +23,29 @@ def worker_state(self=None):
 if __name__ == "__main__":
     from vllm import LLM, SamplingParams
     llm = LLM(model=sys.argv[1], skip_tokenizer_init=True, dtype="bfloat16", max_model_len=256,
-              max_num_seqs=4, enforce_eager=True, seed=0, enable_prefix_caching=False,
+              disable_log_stats=False, max_num_seqs=4, enforce_eager=True, seed=0, enable_prefix_caching=False,
               speculative_config={"method": "ngram", "num_speculative_tokens": 3,
                                   "prompt_lookup_min": 1, "prompt_lookup_max": 3})
     states = llm.collective_rpc(worker_state)
-    prompts = [[5, 6, 7, 5, 6, 7, 5, 6, 7, 8], list(range(10, 60))]
+    from vllm_platform_ext.verify.prompts import default_prompts
+    prompts = default_prompts()[:4]  # over the kit's output alphabet: the ngram proposer finds drafts
     outs = llm.generate([{"prompt_token_ids": p} for p in prompts],
                         SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True, detokenize=False))
+    from vllm_platform_ext.verify.engine import _spec_counters
     import vllm_platform_ext as v
     print("JSON" + json.dumps({"main_pid": os.getpid(), "main_runs": v.bootstrap_info()["runs"],
-                               "workers": states, "prompts": prompts,
+                               "workers": states, "prompts": prompts, "spec": _spec_counters(llm),
                                "tokens": [list(o.outputs[0].token_ids) for o in outs]}))
 """
 
 
 @pytest.fixture(scope="module")
 def tiny_next(tmp_path_factory):
-    import torch
-    from transformers import Qwen3NextConfig, Qwen3NextForCausalLM
+    """The kit's qwen3_next: its greedy text repeats the prompts' n-grams, so ngram drafts are
+    accepted (a random-vocabulary model accepted none: the spec path's acceptance went untested)."""
+    from vllm_platform_ext.verify.tiny_models import make_tiny_model
 
-    cfg = Qwen3NextConfig(
-        vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
-        layer_types=["linear_attention"] * 3 + ["full_attention"], num_attention_heads=2,
-        num_key_value_heads=1, head_dim=32, linear_conv_kernel_dim=4, linear_key_head_dim=64,
-        linear_value_head_dim=64, linear_num_key_heads=2, linear_num_value_heads=4,
-        moe_intermediate_size=32, shared_expert_intermediate_size=32, num_experts_per_tok=2,
-        num_experts=4, max_position_embeddings=512, initializer_range=0.2,
-        rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25},
-    )
-    torch.manual_seed(0)
-    path = tmp_path_factory.mktemp("tiny_next")
-    Qwen3NextForCausalLM(cfg).to(torch.bfloat16).save_pretrained(path)
-    return path
+    return make_tiny_model("qwen3_next", tmp_path_factory.mktemp("tiny_next") / "qwen3_next")
 
 
 def test_bootstrap_once_in_spawned_engine_and_generation(tmp_path, tiny_next, cpu_path_env):
@@ -75,6 +67,9 @@ def test_bootstrap_once_in_spawned_engine_and_generation(tmp_path, tiny_next, cp
     assert worker["runs"] == 1 and out["main_runs"] == 1
     assert worker["gdn_patched"] and " 0 failed" in worker["summary"], worker
     assert worker["cpu_path"] == path, worker
+    spec = out["spec"]
+    assert spec["num_draft_tokens"] > 0, f"no ngram draft proposed: {spec}"
+    assert spec["num_accepted_tokens"] > 0, f"drafts proposed but none accepted: {spec}"
 
     # The spawned engine's greedy tokens, audited by float32 transformers (teacher forcing).
     import torch

@@ -19,7 +19,7 @@ from vllm_platform_ext.ops.gdn import torch_ops
 from vllm_platform_ext.report import Report
 from vllm_platform_ext.wiring import gdn_cuda as G
 
-gdn_attn = pytest.importorskip("vllm.v1.attention.backends.gdn_attn")
+import vllm.v1.attention.backends.gdn_attn as gdn_attn  # noqa: E402  (vLLM 0.32, what CI installs)
 from vllm.v1.attention.backend import CommonAttentionMetadata  # noqa: E402
 
 # the all-zero-draft gate of the 0.2x builders (vllm gdn_attn.py at commit 007d5005)

@@ -130,9 +130,29 @@ def test_apply_group_records_applied_skipped_and_failed(monkeypatch):
     assert not patching.apply_group(_group("conflict", T + ".hello"), r)
     got = {e.name: (e.status, e.detail) for e in r.entries}
     assert got["ok"][0] == Status.APPLIED and T + ".hello" in got["ok"][1]
-    assert got["missing"][0] == Status.SKIPPED and "target missing" in got["missing"][1]
+    # the probe gave no reason to skip, so the fix is needed: its missing target is a failure
+    assert got["missing"][0] == Status.FAILED and "needed" in got["missing"][1] \
+        and "target missing" in got["missing"][1] and "'absent'" in got["missing"][1]
     assert got["upstream-has-it"] == (Status.SKIPPED, "upstream fixed")
     assert got["conflict"][0] == Status.FAILED and "PatchConflict" in got["conflict"][1]
+    assert r.has_failure("patch")
+
+
+def test_not_needed_stays_a_skip_even_when_the_target_is_gone(monkeypatch):
+    """A renamed target must not turn "not needed" into a failure: the probe runs first and
+    the group's patches are never built."""
+    monkeypatch.delenv(patching.STRICT_ENV, raising=False)
+    built = []
+
+    def build():
+        built.append(1)
+        return [Patch(T + ".renamed_away", lambda o: o)]
+
+    r = Report()
+    group = PatchGroup("gone-but-fixed", "test", build, lambda: "not needed: upstream has the fix")
+    assert not patching.apply_group(group, r)
+    assert r.find("patch", "gone-but-fixed").status == Status.SKIPPED and not built
+    assert not r.has_failure("patch")
 
 
 def test_strict_mode_turns_missing_targets_and_errors_into_raises(monkeypatch):

@@ -44,7 +44,9 @@ def _serve_and_complete(model: str, log_path, spec: dict | None, extra_env: dict
         out = _post(base + "/v1/completions",
                     {"model": "tiny", "prompt": PROMPT, "max_tokens": MAX_TOKENS, "temperature": 0, "ignore_eos": True})
         with urllib.request.urlopen(base + "/metrics", timeout=30) as r:
-            out["_draft_tokens"] = counter(r.read().decode(), "vllm:spec_decode_num_draft_tokens")
+            metrics = r.read().decode()
+        out["_draft_tokens"] = counter(metrics, "vllm:spec_decode_num_draft_tokens")
+        out["_accepted_tokens"] = counter(metrics, "vllm:spec_decode_num_accepted_tokens")
         return out
     finally:
         stop_server(proc)
@@ -87,6 +89,8 @@ def test_serve_same_text_with_and_without_speculation(model_dir, reference_text,
     assert spec["usage"]["completion_tokens"] == MAX_TOKENS
     assert t_plain == reference_text, (t_plain, reference_text)
     assert spec["_draft_tokens"] > 0, "the speculative server proposed no draft"
+    # a path that rejected every draft would still give the same text: some must be accepted
+    assert spec["_accepted_tokens"] > 0, f"no draft accepted of {spec['_draft_tokens']:.0f}"
     assert t_spec == t_plain, (t_spec, t_plain)
 
 

@@ -145,17 +145,23 @@ def test_triton_kernel_equals_reference_under_interpreter():
 # ---------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def tv():
-    return pytest.importorskip("vllm_platform_ext.ops.turboquant.triton_verify")
+    from vllm_platform_ext.ops.turboquant import triton_verify
+
+    return triton_verify
 
 
 @pytest.fixture(scope="module")
 def lp():
-    return pytest.importorskip("vllm_platform_ext.ops.turboquant.launch_policy")
+    from vllm_platform_ext.ops.turboquant import launch_policy
+
+    return launch_policy
 
 
 @pytest.fixture(scope="module")
 def wsm():
-    return pytest.importorskip("vllm_platform_ext.ops.turboquant.workspace")
+    from vllm_platform_ext.ops.turboquant import workspace
+
+    return workspace
 
 
 def test_trace_launches_records_only_inside_and_nests(tv):

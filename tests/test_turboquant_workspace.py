@@ -1,9 +1,11 @@
 """``turboquant.reserve_workspace`` (``wiring/turboquant_workspace.py``) against vLLM's own code.
 
-* vLLM 0.23.0 (its venv, ``scripts/old_vllm_venv.sh``), run as a script (``--old-side``): its
-  real ``WorkspaceManager`` on the CPU. Locked after what profiling saw, it refuses the
-  largest decode request of the TurboQuant backend ("Workspace is locked": issue 22's
-  crash); with the group's reservation the same request after the lock is served. The group
+* vLLM 0.23.0 (its venv, ``scripts/old_vllm_venv.sh``), run as a script (``--old-side``): the
+  requests its real ``TurboQuantAttentionImpl`` makes are recorded from its own
+  ``_decode_attention`` (largest decode batch) and ``_continuation_prefill`` (longest
+  continuation) through a spy workspace manager; then its real ``WorkspaceManager`` on the
+  CPU, locked after what profiling saw, refuses them ("Workspace is locked": issue 22's
+  crash), and with the group's reservation the same requests after the lock are served. The group
   applies there, on the builder's ``__init__``.
 * vLLM 0.32 (this venv): upstream reserves itself, the group is skipped as not needed, and
   what it would reserve covers every request upstream's own ``_reserve_workspace`` makes.
@@ -33,10 +35,63 @@ def fake_config(max_num_seqs=8, capture=(1, 2, 4, 16), max_model_len=4096, batch
 SPEC = dict(num_kv_heads=2, block_size=16, head_size=200)  # head_size: the packed slot's half, as 0.23 reports it
 
 
+class _Recorded(Exception):
+    """Raised by the spy workspace manager once a request is recorded: stops before Triton."""
+
+
+def record_real_requests(tq, cfg, rows: int, heads=(16, 2), d=256, kv_dtype="turboquant_k8v4") -> dict:
+    """The ``get_simultaneous`` requests vLLM's own TurboQuant impl makes, recorded from its real
+    ``_decode_attention`` (the largest decode batch: ``rows`` query tokens) and
+    ``_continuation_prefill`` (the longest continuation: a chunk just over the decode threshold
+    ending at ``max_model_len``). The impl is built by its own ``__init__`` from ``cfg``."""
+    import torch
+
+    hq, hk = heads
+    seen = []
+
+    def get_simultaneous(*req):
+        seen.append([(list(shape), str(dtype)) for shape, dtype in req])
+        raise _Recorded
+
+    saved = {n: getattr(tq, n) for n in ("get_current_vllm_config", "get_flash_attn_version",
+                                         "current_workspace_manager", "is_workspace_manager_initialized")}
+    tq.get_current_vllm_config = lambda: cfg
+    tq.get_flash_attn_version = lambda *a, **k: None  # no CUDA here; prefill paths are not run
+    tq.current_workspace_manager = lambda: NS(get_simultaneous=get_simultaneous)
+    tq.is_workspace_manager_initialized = lambda: True
+    try:
+        impl = tq.TurboQuantAttentionImpl(num_heads=hq, head_size=d, scale=d ** -0.5, num_kv_heads=hk,
+                                          kv_cache_dtype=kv_dtype)
+        block = SPEC["block_size"]
+        max_len = cfg.model_config.max_model_len
+        kv_cache = torch.zeros(max_len // block, block, hk, 1, dtype=torch.uint8)
+        out = {}
+        try:
+            impl._decode_attention(torch.zeros(rows, hq, d, dtype=cfg.model_config.dtype), kv_cache,
+                                   NS(block_table=torch.zeros(rows, max_len // block, dtype=torch.int32),
+                                      seq_lens=torch.full((rows,), max_len, dtype=torch.int32)), None, None)
+        except _Recorded:
+            out["decode"] = seen.pop()
+        q_len = tq._CONTINUATION_DECODE_THRESHOLD + 1
+        try:
+            impl._continuation_prefill(None, torch.zeros(q_len, hq, d, dtype=torch.float16),
+                                       torch.zeros(q_len, hk, d, dtype=torch.float16),
+                                       torch.zeros(q_len, hk, d, dtype=torch.float16), kv_cache,
+                                       torch.zeros(1, max_len // block, dtype=torch.int32),
+                                       max_len - q_len, max_len, None, None)
+        except _Recorded:
+            out["continuation"] = seen.pop()
+        return out
+    finally:
+        for n, v in saved.items():
+            setattr(tq, n, v)
+
+
 def _old_side() -> dict:  # runs in the old venv
     import torch
 
     import vllm
+    from vllm.v1.attention.backends import turboquant_attn as tq
     from vllm.v1.worker import workspace as W
 
     from vllm_platform_ext import patching
@@ -45,20 +100,23 @@ def _old_side() -> dict:  # runs in the old venv
 
     out = {"vllm": vllm.__version__, "skip": T._skip_if()}
     cfg, spec = fake_config(), NS(**SPEC)
-    # upstream 0.23's _decode_attention request for the largest decode batch (max_num_seqs rows)
-    rows, hq, d, s = 16, 16, 256, 32
-    decode = (((rows, hq, s, d + 1), torch.float32), ((rows, hq, d), torch.bfloat16), ((rows, hq), torch.float32))
-    continuation = (((1, 2, 4096, d), torch.float16), ((1, 2, 4096, d), torch.float16))
+    # the largest decode batch a FULL CUDA graph replays: the largest capture size, in query tokens
+    rows = max(cfg.compilation_config.cudagraph_capture_sizes)
+    real = record_real_requests(tq, cfg, rows)
+    out["recorded"] = real
+    requests = [tuple((tuple(shape), getattr(torch, dt.removeprefix("torch."))) for shape, dt in real[k])
+                for k in ("decode", "continuation")]
 
     def after_lock(reserve: bool) -> list:
         W.reset_workspace_manager()
         W.init_workspace_manager(torch.device("cpu"))
-        W.current_workspace_manager().get_simultaneous(((1, hq, s, d + 1), torch.float32))  # what profiling saw
+        # what profiling saw: a one-row decode batch
+        W.current_workspace_manager().get_simultaneous(*((((1,) + s[1:]), dt) for s, dt in requests[0]))
         if reserve:
             out["reserved_bytes"] = T.reserve_workspace(cfg, spec)
         W.lock_workspace()
         res = []
-        for req in (decode, continuation):
+        for req in requests:
             try:
                 W.current_workspace_manager().get_simultaneous(*req)
                 res.append("ok")
@@ -108,6 +166,17 @@ def test_locked_workspace_refuses_the_largest_decode_without_the_reservation(old
 def test_reservation_serves_every_later_request(old):
     assert old["with"] == ["ok", "ok"]
     assert old["reserved_bytes"] > 0
+
+
+def test_requests_were_recorded_from_vllm_023s_own_code(old):
+    """The requests above come from 0.23's ``_decode_attention`` / ``_continuation_prefill``
+    (not from the group's formula): B x Hq x splits x (D+1) float32 partials with the splits its
+    ``__init__`` read from the config, and two fp16 dequant buffers of the longest continuation."""
+    decode, cont = old["recorded"]["decode"], old["recorded"]["continuation"]
+    assert decode[0] == [[16, 16, 32, 257], "torch.float32"] and decode[2] == [[16, 16], "torch.float32"]
+    assert decode[1] == [[16, 16, 256], "torch.bfloat16"]
+    assert len(cont) == 2 and cont[0][1] == "torch.float16" and cont[0][0][:2] == [1, 2] and cont[0][0][3] == 256
+    assert cont[0][0][2] >= 4096 - 129  # the cached part of a chunk ending at max_model_len
 
 
 def test_group_applies_on_the_old_builder(old):

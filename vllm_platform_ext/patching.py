@@ -2,8 +2,10 @@
 
 A :class:`Patch` replaces one attribute (``"package.module:Class.attr"``) in memory. Rules:
 
-* the target must exist, else :class:`PatchTargetMissing` (bootstrap reports the group as
-  skipped with that reason, or failed under ``VLLM_PLATFORM_EXT_STRICT=1``);
+* the target must exist, else :class:`PatchTargetMissing`. A group's ``skip_if`` probe decides
+  first whether the fix is needed on this vLLM; a missing target of a group the probe calls
+  needed is reported *failed* (a renamed target must not silently lose the fix and still read
+  "0 failed"), while "not needed" stays a skip with the probe's reason;
 * the original is kept (:func:`original`) and can be put back (:func:`restore`);
 * patching a target twice is an error (:class:`PatchConflict`);
 * a group of patches applies whole or not at all: every target is resolved and checked
@@ -223,8 +225,10 @@ def restore_all() -> None:
 def apply_group(group: PatchGroup, report: Report, step: str = "patch") -> bool:
     """Apply ``group`` and record the outcome in ``report``. Returns True when applied.
 
-    Missing targets and ``skip_if`` reasons are reported as skipped (failed in strict
-    mode); any other error as failed. Strict mode raises after recording a failure.
+    ``skip_if`` reasons (the group's probe: not needed / not applicable here) and
+    ``VLLM_PLATFORM_EXT_DISABLE`` are reported as skipped. Past the probe the fix is needed, so
+    a missing target is *failed* ("needed but target missing"), as is any other error. Strict
+    mode raises after recording a failure.
     """
     strict = strict_mode()
     if group.name in disabled_groups():
@@ -237,10 +241,9 @@ def apply_group(group: PatchGroup, report: Report, step: str = "patch") -> bool:
             return False
         targets = apply(group.name, list(group.build()))
     except PatchTargetMissing as exc:
+        report.failed(step, group.name, f"needed (its probe gave no reason to skip) but target missing: {exc}")
         if strict:
-            report.failed(step, group.name, f"target missing: {exc}")
             raise
-        report.skipped(step, group.name, f"target missing: {exc}")
         return False
     except Exception as exc:
         report.failed(step, group.name, f"{type(exc).__name__}: {exc}")

@@ -26,7 +26,8 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from vllm_platform_ext.verify.audit import MARGIN, passes, reference_audits
-from vllm_platform_ext.verify.engine import COMPOSITIONS, EngineConfig, EngineRun, EngineSettings, run_in_subprocess
+from vllm_platform_ext.verify.engine import (COMPOSITIONS, EngineConfig, EngineRun, EngineSettings, failed_patches,
+                                             run_in_subprocess)
 from vllm_platform_ext.verify.prompts import default_prompts
 from vllm_platform_ext.verify.tiny_models import make_tiny_model
 
@@ -193,6 +194,8 @@ def judge(cell: Cell, run, audit, floor: float, margin: float) -> tuple[str, str
             hit = next(p for p in HARNESS_ERRORS if p in run.error)
             return "harness-error", f"harness ({hit}): {last}"
         return ("fail" if cell.plugin else "upstream-crash"), last
+    if cell.plugin and failed_patches(run):
+        return "fail", f"plugin patch group failed in the engine: {', '.join(failed_patches(run))}"
     ok = passes(audit.bad_fraction, floor, margin)
     if cell.plugin:
         if not ok:

@@ -225,6 +225,12 @@ def plugin_patch_status() -> dict:
     return {e["name"]: e["status"] for e in rep.as_list() if e.get("step") == "patch"}
 
 
+def failed_patches(run: "EngineRun") -> list[str]:
+    """The plugin patch groups that failed in ``run``'s engine process (e.g. a fix its probe
+    calls needed whose target this vLLM renamed): such a run does not carry the fix."""
+    return sorted(name for name, status in (run.patches or {}).items() if status == "failed")
+
+
 def _shutdown(llm) -> None:
     try:
         llm.llm_engine.engine_core.shutdown()

@@ -6,8 +6,9 @@ audit each run's tokens under transformers float32 and print one table row per m
 ``bad`` fraction of positions with regret > 0.5 nats, the bf16 ``floor`` of the same model,
 draft/accept counts and PASS/FAIL. Exit code 0 when every row passes.
 
-A row fails when bad > floor + margin, when the engine raised, or when a speculative mode
-proposed no draft at all (then it would prove nothing).
+A row fails when bad > floor + margin, when the engine raised, when a plugin patch group failed
+in the engine (a fix its probe calls needed whose target is missing), or when a speculative
+mode proposed no draft at all (then it would prove nothing).
 """
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ from pathlib import Path
 from vllm_platform_ext.verify.audit import BAD_NATS, MARGIN, passes, reference_audits
 from vllm_platform_ext.verify.cpu_paths import NO_AVX512_BF16, PATHS, env_for
 from vllm_platform_ext.verify.engine import (GRAPH_MODES, MODES, EngineConfig, EngineRun, EngineSettings,
-                                             EngineSubprocessError, run_in_subprocess)
+                                             EngineSubprocessError, failed_patches, run_in_subprocess)
 from vllm_platform_ext.verify.prompts import LENGTHS, default_prompts
 from vllm_platform_ext.verify.ranks import rank_lines
 from vllm_platform_ext.verify.tiny_models import CPU_KINDS, DIMS, GPU_KINDS, KINDS, check_checkpoint, make_tiny_model
@@ -155,6 +156,8 @@ class Row:
 def judge(run, audit, floor: float, margin: float) -> tuple[bool, str]:
     if run.error:
         return False, run.error.strip()  # the whole message (vLLM's validation errors span lines)
+    if failed_patches(run):  # a needed fix did not land: the tokens may be right by chance only
+        return False, f"plugin patch group failed in the engine: {', '.join(failed_patches(run))}"
     if run.mode != "base" and run.num_draft_tokens == 0:
         return False, "no drafts proposed: the spec path was not exercised"
     ok = passes(audit.bad_fraction, floor, margin)

@@ -1,0 +1,82 @@
+"""Every figure the README states comes from a committed result file, and its GPU results table
+is generated from ``ci/gpu/results/`` (``tools/readme_tables.py``)."""
+from __future__ import annotations
+
+from dataclasses import asdict
+
+import pytest
+
+from conftest import REPO, load_tool
+from vllm_platform_ext.verify import cells
+
+rt = load_tool("tools/readme_tables.py")
+
+
+def _readme() -> str:
+    with open(f"{REPO}/README.md", encoding="utf-8") as f:
+        return f.read()
+
+
+def test_every_readme_figure_is_in_a_committed_result_file():
+    missing = rt.unbacked(_readme(), rt.result_texts())
+    assert not missing, ("README figures no committed result file (ci/*/results, benchmarks/RESULTS_*, "
+                         f"benchmarks/runs) contains: {missing}")
+
+
+def test_committed_result_files_carry_a_run_header():
+    for name, text in rt.result_texts().items():
+        if name.startswith("ci/"):
+            assert not rt.missing_header_keys(text), (name, rt.missing_header_keys(text))
+
+
+def test_gpu_results_table_is_in_sync():
+    assert rt.render(_readme(), rt.gpu_table()) == _readme(), "run `python tools/readme_tables.py write`"
+
+
+# ---- the checks themselves ----------------------------------------------------------------------
+
+def test_figures_are_found_and_requirements_are_not():
+    text = "Python ≥ 3.10; k=1/2/4; 4.2x faster, 19/347 accepted, 2906 tok/s, bad 0.004, 12 of 13 fail, 3 min"
+    got = rt.figures(text)
+    assert {"4.2x", "19/347", "2906 tok/s", "0.004", "12 of 13", "3 min"} <= set(got), got
+    assert "3.10" not in got and "2/4" not in got
+
+
+def test_an_unbacked_figure_is_reported():
+    texts = {"ci/cpu/results/x.md": "- date: d\nbase 2906 tok/s\n```\nqwen3_next  mtp  2  0.000  PASS\n```"}
+    readme = "It runs 2906 tok/s.\n\n```\nqwen3_next  mtp  2  0.000  PASS\n```\n"
+    assert rt.unbacked(readme, texts) == []
+    assert rt.unbacked(readme.replace("2906", "3100"), texts) == ["3100 tok/s"]
+    # a sample output line must stand in a result file as it is, not only its numbers
+    assert rt.unbacked(readme.replace("0.000  PASS", "0.000  FAIL"), texts) == ["qwen3_next  mtp  2  0.000  FAIL"]
+
+
+def _results_md(vllm="0.23.0") -> str:
+    on = cells.CellResult(cell=asdict(cells.Cell("qwen3_next", "mtp", 3, "turboquant_k8v4", plugin=True)), id="a",
+                          status="pass", bad=0.0, floor=0.004, accepted=40, draft_tokens=90,
+                          engine_path={"device": "NVIDIA H100 80GB HBM3"},
+                          versions={"vllm": vllm, "torch": "2.11.0+cu130"}, date="2026-11-25 21:00 UTC")
+    off = cells.CellResult(cell=asdict(cells.Cell("qwen3_next", "mtp", 3, "turboquant_k8v4", plugin=False)), id="b",
+                           status="upstream-crash", error="RuntimeError: Workspace is locked",
+                           versions=on.versions, date=on.date)
+    return cells.markdown([on, off])
+
+
+def test_gpu_table_with_zero_and_more_result_files(tmp_path, monkeypatch):
+    assert "No GPU engine matrix result" in rt.gpu_table(tmp_path)
+    src = tmp_path / "results.md"
+    src.write_text(_results_md())
+    monkeypatch.setattr(rt, "GPU_RESULTS", tmp_path / "ci" / "gpu" / "results")
+    monkeypatch.setattr(rt, "ROOT", tmp_path)
+    assert rt.main(["gpu-add", str(src), "--command", "bash ci/gpu/run.sh --do engine", "--commit", "abc1234"]) == 0
+    (filed,) = (tmp_path / "ci" / "gpu" / "results").glob("*.md")
+    assert filed.name == "2026-11-25-vllm-0.23.md"
+    text = filed.read_text()
+    assert not rt.missing_header_keys(text), text[:400]
+    assert rt.parse_header(text)["device"] == "NVIDIA H100 80GB HBM3"
+    table = rt.gpu_table(tmp_path / "ci" / "gpu" / "results")
+    assert "| 0.23.0 | NVIDIA H100 80GB HBM3 | 2026-11-25 | 1 pass | 1 upstream-crash |" in table
+    readme = f"x\n{rt.BEGIN}\nold\n{rt.END}\ny\n"
+    assert rt.render(readme, table) == f"x\n{rt.BEGIN}\n{table}\n{rt.END}\ny\n"
+    with pytest.raises(ValueError, match="generated block"):
+        rt.render("no markers", table)
