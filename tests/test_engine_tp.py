@@ -143,22 +143,6 @@ def test_tp2_gpu_suite_names_the_cells_the_issue_asks_for():
     assert len({c.id for c in tp2}) == len(tp2) == 8
     assert all(c.tp == 2 and (c.mode, c.k, c.graphs) == ("mtp", 3, "full") for c in tp2)
     assert {(c.model, c.kv, c.plugin) for c in tp2} == {
-        (m, kv, p) for m in ("qwen3_next", "qwen3_5_moe_text") for kv in ("auto", "turboquant_k8v4")
+        (m, kv, p) for m in ("qwen3_next", "qwen3_5_moe") for kv in ("auto", "turboquant_k8v4")
         for p in (True, False)}
     assert all(c.id.endswith(("-tp2-on", "-tp2-off")) and c.engine_config().tp == 2 for c in tp2)
-
-
-def test_qwen3_5_moe_kit_kind_is_written_and_read_by_transformers(tmp_path):
-    """The Qwen3.5 MoE kit checkpoint (GPU cells only; not in the CPU matrices): vLLM's MTP
-    tensor names, and transformers' own Qwen3.5 MoE class loads it (the audit's reference)."""
-    import torch
-
-    from vllm_platform_ext.verify.tiny_models import EXTRA_KINDS, KINDS
-
-    assert "qwen3_5_moe_text" in EXTRA_KINDS and "qwen3_5_moe_text" not in KINDS
-    path = make_tiny_model("qwen3_5_moe_text", tmp_path / "m", dims="gpu")
-    ref = Reference(str(path))
-    assert type(ref.fp32).__name__ == "Qwen3_5MoeForCausalLM"
-    assert any(".mlp.experts." in n for n, _ in ref.fp32.named_parameters())
-    lp = ref.logprobs([5, 6, 7, 8])
-    assert lp.shape == (4, 256) and torch.isfinite(lp).all()
