@@ -81,24 +81,13 @@ def table_wheel(key: tuple[int, int]):
 
 
 def line_source(key: tuple[int, int]) -> str:
-    """The pure-Python tree (``vllm/**/*.py`` and its JSON data) of the wheel line ``key``'s compat
-    table was derived from, unpacked once under ``.cache/vllm-src/<version>``. Put first on
+    """The wheel line ``key``'s compat table was derived from, unpacked without its compiled
+    libraries (``tools/vllm_lines.py extract``: ``.cache/vllm-lines/<version>``, once). Put first on
     ``PYTHONPATH`` it makes ``import vllm`` that line's own code on this venv's torch, with its
     kernel libraries absent (as on a host whose vendor lacks them)."""
-    import zipfile
-
     from vllm_platform_ext.compat import schemas
 
-    version = schemas.TABLE_SOURCES[key]["vllm"]
-    dest = os.path.join(REPO, ".cache", "vllm-src", version)
-    stamp = os.path.join(dest, ".unpacked")
-    if not os.path.exists(stamp):
-        wheel = table_wheel(key)
-        with zipfile.ZipFile(wheel) as zf:
-            zf.extractall(dest, [n for n in zf.namelist()
-                                 if n.startswith("vllm/") and n.endswith((".py", ".json"))])
-        open(stamp, "w").close()
-    return dest
+    return str(load_tool("tools/vllm_lines.py").extract(table_wheel(key), schemas.TABLE_SOURCES[key]["vllm"]))
 
 
 def _gpu_tier(items: list) -> tuple[list, list]:

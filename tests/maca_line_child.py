@@ -24,7 +24,11 @@ def main() -> None:
     except ImportError:  # older lines keep it in vllm.utils
         from vllm.config import VllmConfig
         from vllm.utils import resolve_obj_by_qualname
+    import vllm.platforms as platforms
+
     from vllm_platform_ext.platform import MacaPlatform as P
+
+    platforms._current_platform = P()  # what vLLM resolves where our platform plugin answers (MetaX host)
 
     calls = {
         "device_count": P.device_count,

@@ -26,7 +26,7 @@ import zipfile
 
 import pytest
 
-from conftest import REPO, table_wheel
+from conftest import REPO, line_source, table_wheel
 from vllm_platform_ext.compat import schemas
 
 LINES = [(0, 22), (0, 23), (0, 24), (0, 25), (0, 26), (0, 32), (0, 33)]
@@ -63,21 +63,6 @@ print("JSON" + json.dumps({"vllm": vllm.__version__, "file": vllm.__file__, "imp
                            "failed": [e for e in info["entries"] if e["status"] == "failed"]}))
 """
 
-# headers, sources, the Rust binary and web assets: nothing Python imports
-_NOT_PYTHON = (".so", ".h", ".hpp", ".cuh", ".inl", ".cu", ".js", ".css")
-
-
-def unpack_python(wheel, dest) -> str:
-    """The wheel's ``vllm/`` package without kernel libraries and build assets, under ``dest``."""
-    with zipfile.ZipFile(wheel) as z:
-        for info in z.infolist():
-            name = info.filename
-            if (name.startswith("vllm/") and not info.is_dir() and not name.endswith(_NOT_PYTHON)
-                    and name != "vllm/vllm-rs"):
-                z.extract(info, dest)
-    return str(dest)
-
-
 def _is_rocm(name: str) -> bool:
     return "rocm" in name or "aiter" in name
 
@@ -85,7 +70,7 @@ def _is_rocm(name: str) -> bool:
 @pytest.fixture(scope="module", params=LINES, ids=lambda k: f"vllm-{k[0]}.{k[1]}")
 def line(request, tmp_path_factory):
     key = request.param
-    root = unpack_python(table_wheel(key), tmp_path_factory.mktemp(f"vllm-{key[0]}.{key[1]}"))
+    root = line_source(key)
     env = {k: v for k, v in os.environ.items() if not k.startswith("VLLM_PLATFORM_EXT_")}
     env.update(PYTHONPATH=os.pathsep.join([root, REPO]), HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
     proc = subprocess.run([sys.executable, "-c", CHILD, json.dumps(MTP_PATH)], capture_output=True, text=True,
