@@ -288,7 +288,10 @@ def test_platform_compat_order_and_fix_targets(branch, metax_first, line_dirs, m
     if branch == "master":
         assert rows["gdn.chunk_op"][0] == chunk and "kept" in rows["gdn.chunk_op"][1]
     fix = {r[0]: r[1:] for r in doc["fix_targets"]}
-    assert fix["moe_wna16"][0] == moe["config"] and fix["turboquant_spec_verify"] == [tq["first"]["backend"], "patched"]
+    assert fix["moe_wna16"][0] == moe["config"] and fix["turboquant_spec_verify"][0] == tq["first"]["backend"]
+    # patched, with the cache layout probed from vLLM-metax's own backend (its get_kv_cache_shape on 0.22-0.25)
+    state = fix["turboquant_spec_verify"][1]
+    assert state.startswith("patched; cache (") and "MacaTurboQuantAttentionBackend" in state, state
     assert doc["compat_table"]["table"] == vllm_line.rsplit(".", 1)[0] and not doc["compat_table"]["note"]
     print(f"\n{branch} ({'metax' if metax_first else 'ours'} first): platform {out['platform']}; "
           f"compat before {sorted(early)}; TurboQuant {tq['first']['backend']} patched; moe {moe['config']} "
