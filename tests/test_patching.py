@@ -73,7 +73,7 @@ def test_double_patch_is_an_error_and_leaves_first_in_place():
 def test_group_is_atomic_when_a_later_target_is_missing():
     with pytest.raises(PatchTargetMissing):
         patching.apply("g", [Patch(T + ".hello", lambda o: lambda self: "x"), Patch(T + ".absent", lambda o: o)])
-    assert Target().hello() == "hello" and not patching.applied_targets()
+    assert Target().hello() == "hello" and not patching.applied_targets("g")
 
 
 def test_group_is_atomic_when_a_factory_raises():
@@ -82,7 +82,7 @@ def test_group_is_atomic_when_a_factory_raises():
 
     with pytest.raises(RuntimeError, match="factory failed"):
         patching.apply("g", [Patch(T + ".hello", lambda o: lambda self: "x"), Patch(T + ".value", boom)])
-    assert Target().hello() == "hello" and Target.value == 1 and not patching.applied_targets()
+    assert Target().hello() == "hello" and Target.value == 1 and not patching.applied_targets("g")
 
 
 def test_static_and_class_methods_keep_their_kind():

@@ -306,18 +306,21 @@ def test_turboquant_spec_keeps_full_graphs_where_the_verify_route_is_applied():
     from vllm_platform_ext import patching
     from vllm_platform_ext.wiring import turboquant as tq_wiring
 
-    assert not patching.applied_targets(tq_wiring.NAME)
-    cfg = _graph_cfg("turboquant_k8v4", spec=True)
-    MacaPlatform._no_full_cudagraph_for_turboquant_spec(cfg)
-    assert cfg.compilation_config.cudagraph_mode.name == "PIECEWISE"
-    patching.apply(tq_wiring.NAME, list(tq_wiring.GROUPS[0].build()))
+    was_applied = bool(patching.applied_targets(tq_wiring.NAME))  # an in-process bootstrap earlier in the run
+    patching.restore(tq_wiring.NAME)
     try:
+        cfg = _graph_cfg("turboquant_k8v4", spec=True)
+        MacaPlatform._no_full_cudagraph_for_turboquant_spec(cfg)
+        assert cfg.compilation_config.cudagraph_mode.name == "PIECEWISE"
+        patching.apply(tq_wiring.NAME, list(tq_wiring.GROUPS[0].build()))
         for kv, spec in (("turboquant_k8v4", True), ("auto", True), ("turboquant_k8v4", False)):
             cfg = _graph_cfg(kv, spec)
             MacaPlatform._no_full_cudagraph_for_turboquant_spec(cfg)
             assert cfg.compilation_config.cudagraph_mode.name == "FULL_AND_PIECEWISE", (kv, spec)
     finally:
         patching.restore(tq_wiring.NAME)
+        if was_applied:
+            patching.apply(tq_wiring.NAME, list(tq_wiring.GROUPS[0].build()))
 
 
 def test_maca_moe_group_gives_oot_layers_the_triton_experts(monkeypatch):
@@ -336,6 +339,7 @@ def test_maca_moe_group_gives_oot_layers_the_triton_experts(monkeypatch):
     oot = SimpleNamespace(is_cpu=lambda: False, is_tpu=lambda: False, is_out_of_tree=lambda: True)
     monkeypatch.setattr(oracle, "current_platform", oot)
     assert method_mod.select_unquantized_moe_backend(SimpleNamespace()) == (oracle.UnquantizedMoeBackend.OOT, None)
+    patching.restore(maca_moe.NAME)  # never applied off MacaPlatform, but keep the test independent of order
     patching.apply(maca_moe.NAME, list(maca_moe.GROUPS[0].build()))
     try:
         backend, experts = method_mod.select_unquantized_moe_backend(SimpleNamespace())
