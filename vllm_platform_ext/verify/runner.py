@@ -87,21 +87,22 @@ def mode_items(text: str) -> list[tuple[str, int]]:
     return out
 
 
+def _choices(text: str, what: str, valid: tuple[str, ...], label: str) -> list[str]:
+    """The comma list ``text``, each item one of ``valid``; the error names the bad item and ``label``."""
+    out = _items(text, what + "s")
+    for item in out:
+        if item not in valid:
+            raise ValueError(f"unknown {what} {item!r}; {label}: {', '.join(valid)}")
+    return out
+
+
 def kv_dtypes(text: str) -> list[str]:
     """The comma list of vLLM ``kv_cache_dtype`` values, each checked against :data:`KV_CACHE_DTYPES`."""
-    out = _items(text, "KV cache dtypes")
-    for kv in out:
-        if kv not in KV_CACHE_DTYPES:
-            raise ValueError(f"unknown KV cache dtype {kv!r}; valid (vLLM's kv_cache_dtype): {', '.join(KV_CACHE_DTYPES)}")
-    return out
+    return _choices(text, "KV cache dtype", KV_CACHE_DTYPES, "valid (vLLM's kv_cache_dtype)")
 
 
 def kind_items(text: str) -> list[str]:
-    out = _items(text, "model kinds")
-    for kind in out:
-        if kind not in KINDS:
-            raise ValueError(f"unknown model kind {kind!r}; kinds: {', '.join(KINDS)}")
-    return out
+    return _choices(text, "model kind", KINDS, "kinds")
 
 
 def accelerator() -> str:
