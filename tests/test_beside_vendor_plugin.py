@@ -127,7 +127,11 @@ CHILD = textwrap.dedent('''
         layer = torch.nn.Module()
         impl._ensure_on_device(layer, torch.device("cpu"))
         torch.manual_seed(0)
-        cache = torch.zeros(4, hk, page, L.layout_for(preset, d).slot_size_aligned, dtype=torch.uint8)
+        # 0.32's per-layer cache: the logical [blocks, heads, block_size, slot] view of token-major
+        # memory (its backend declares LBNHC). The test writes and reads it through the axes the line
+        # documents ([blocks, block_size, heads, slot] = transpose(1, 2)), independent of the wiring's probe.
+        slot = L.layout_for(preset, d).slot_size_aligned
+        cache = torch.zeros(4, page, hk, slot, dtype=torch.uint8).permute(0, 2, 1, 3)
         R.tq_store_reference(torch.randn(4 * page, hk, d), torch.randn(4 * page, hk, d), cache.transpose(1, 2),
                              torch.arange(4 * page), preset, PiT=layer._tq_PiT, centroids=layer._tq_centroids)
         sl, bt = torch.tensor([20, 9], dtype=torch.int32), torch.tensor([[1, 2], [3, 0]], dtype=torch.int32)

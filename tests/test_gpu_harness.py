@@ -264,6 +264,27 @@ def test_cell_maps_to_engine_arguments_and_environment():
         EngineConfig(graphs="sometimes")
 
 
+def _architecture(kind: str) -> str:
+    from vllm_platform_ext.verify import tiny_models as tm
+
+    return tm._KIND_CONFIG[kind].get("architectures", [tm.CONDITIONAL.get(kind)])[0]
+
+
+@pytest.mark.parametrize("key", [(0, 23), (0, 26)])
+def test_gpu_suites_name_only_models_the_gpu_lines_serve(key):
+    """Every cell of a GPU suite (all but "cpu") names a kit model whose architecture that GPU
+    line's own model registry holds (0.23/0.26 have only the multimodal Qwen3.5 classes: a
+    ``qwen3_5_text`` cell there is a kit error, not a result)."""
+    from conftest import line_source
+
+    registry = (Path(line_source(key)) / "vllm" / "model_executor" / "models" / "registry.py").read_text()
+    wrong = sorted({(name, c.model) for name, suite in cells.SUITES.items() if name != "cpu" for c in suite
+                    if f'"{_architecture(c.model)}":' not in registry})
+    assert not wrong, f"suites name models vLLM {key} does not serve: {wrong}"
+    assert '"Qwen3_5ForCausalLM":' not in registry  # so a qwen3_5_text cell would be caught
+    assert _architecture("qwen3_5_text") == "Qwen3_5ForCausalLM"
+
+
 class _Audit:
     def __init__(self, bad):
         self.bad_fraction, self.positions = bad, 100

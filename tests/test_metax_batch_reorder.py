@@ -26,7 +26,7 @@ from vllm_platform_ext.verify.audit import MARGIN, Reference, passes
 from vllm_platform_ext.verify.cpu_paths import NO_AVX512_BF16, env_for
 from vllm_platform_ext.verify.engine import EngineConfig, EngineSettings, run_in_subprocess
 from vllm_platform_ext.verify.prompts import default_prompts
-from vllm_platform_ext.verify.tiny_models import KINDS, make_tiny_model
+from vllm_platform_ext.verify.tiny_models import CPU_KINDS, make_tiny_model
 
 _spec = importlib.util.spec_from_file_location("metax_standin", Path(__file__).parent / "fixtures" / "metax_standin.py")
 standin = importlib.util.module_from_spec(_spec)
@@ -99,7 +99,7 @@ def _plugin_dir(root: Path) -> Path:
     return root
 
 
-@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("kind", CPU_KINDS)
 def test_spec_decode_passes_the_audit_under_metax_batch_reorder(kind, tmp_path):
     model = make_tiny_model(kind, tmp_path / "model", seed=0)
     plugin = _plugin_dir(tmp_path / "plugin")

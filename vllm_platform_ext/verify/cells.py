@@ -116,7 +116,7 @@ SUITES: dict[str, list[Cell]] = {
             for kv in ("auto", "turboquant_k8v4") for p in (True, False)],
     # vLLM's defaults (prefix caching on: the mamba cache in "align" mode) with speculation (issue 30)
     "prefix": [Cell(m, mode, k, "auto", "full_and_piecewise", p, prefix_caching=True)
-               for m in ("qwen3_next", "qwen3_5_text") for mode, k in (("mtp", 3), ("ngram", 3)) for p in (True, False)],
+               for m in ("qwen3_next", "qwen3_5") for mode, k in (("mtp", 3), ("ngram", 3)) for p in (True, False)],
 }
 
 

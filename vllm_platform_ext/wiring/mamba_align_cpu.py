@@ -258,6 +258,6 @@ GROUPS = [
                  "nor postprocess_mamba_fused_kernel",
         retire="when vLLM's CPU platform overrides both kernels (or triton-cpu is installed): the probe then "
                "finds them launchable and skips the group; tests/test_serve.py::"
-               "test_serve_defaults_prefix_cache_hits_with_mtp keeps serving with the defaults covered",
+               "test_serve_defaults_prefix_cache_hits_with_ngram keeps serving with the defaults covered",
     )
 ]
