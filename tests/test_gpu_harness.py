@@ -322,10 +322,12 @@ def test_judge_names_the_known_line_of_a_long_error():
 
 
 @pytest.mark.parametrize("cell,version,want", [
-    (cells.Cell("qwen3_next", "mtp", 3, "turboquant_k8v4", plugin=False), "0.23.0", ("upstream-crash", "Workspace is locked")),
-    (cells.Cell("qwen3_5_moe", "mtp", 3, "turboquant_3bit_nc", plugin=False), "0.22.1", ("upstream-crash", "Workspace is locked")),
+    (cells.Cell("qwen3_next", "mtp", 3, "turboquant_k8v4", plugin=False), "0.23.0", ("upstream-crash", "")),
+    (cells.Cell("qwen3_5_moe", "mtp", 3, "turboquant_3bit_nc", plugin=False), "0.22.1", ("upstream-crash", "")),
     (cells.Cell("qwen3_next", "mtp", 1, "turboquant_k8v4", plugin=False), "0.23.0", None),
-    (cells.Cell("qwen3_next", "ngram", 3, "turboquant_k8v4", plugin=False), "0.23.0", None),  # not observed
+    (cells.Cell("qwen3_next", "ngram", 3, "turboquant_k8v4", plugin=False), "0.23.0",
+     ("upstream-crash", "Workspace is locked")),
+    (cells.Cell("qwen3_next", "ngram", 2, "turboquant_k8v4", plugin=False), "0.23.0", None),  # not observed
     (cells.Cell("qwen3_next", "mtp", 3, "turboquant_k8v4", plugin=False), "0.24.0", None),  # fixed upstream in 0.24
     (cells.Cell("qwen3_next", "mtp", 3, "turboquant_k8v4", "eager", plugin=False), "0.23.0", None),  # not observed
     (cells.Cell("qwen3_next", "base", 0, "turboquant_k8v4", plugin=False), "0.23.0", None),
@@ -501,3 +503,30 @@ def test_batch_compositions_cover_every_prompt_once_and_map_outputs_back():
     assert [t[1] for t in out["alone"]] == [1] * 7 and [t[1] for t in out["fillers"]] == [14] * 7
     with pytest.raises(ValueError, match="composition"):
         generate_compositions(LLM(), prompts, None, ("shuffled",))
+
+
+def test_speculative_cell_floor_is_the_same_presets_plain_decoding(monkeypatch, tmp_path):
+    """Issue 29: a speculative TurboQuant cell is judged against the same preset's plain decoding in
+    the same run (the quantized cache's own floor) where that is above transformers' bf16 floor;
+    plain decoding of another preset, or of the plugin-off side, does not count."""
+    def engine(model, prompts, configs, settings, env, timeout):
+        (cfg,) = configs
+        return [EngineRun(mode=cfg.mode, k=cfg.k, tokens=[[5]] * len(prompts), num_draft_tokens=6,
+                          num_accepted_tokens=2)]
+
+    bad = {"qwen3_next-base-3bit_nc-full_and_piecewise-on": 0.05, "qwen3_next-mtp3-3bit_nc-full_and_piecewise-on": 0.06,
+           "qwen3_next-base-k8v4-full_and_piecewise-on": 0.0, "qwen3_next-mtp3-k8v4-full_and_piecewise-on": 0.06}
+
+    def reference(path, prompts, generated, max_tokens, python=None):
+        return _Audit(0.01), {k: _Audit(bad[k]) for k in generated}
+
+    monkeypatch.setattr(cells, "make_tiny_model", lambda kind, out, dims: out)
+    monkeypatch.setattr(cells, "run_in_subprocess", engine)
+    monkeypatch.setattr(cells, "reference_audits", reference)
+    todo = [cells.Cell("qwen3_next", mode, k, kv) for kv in ("turboquant_3bit_nc", "turboquant_k8v4")
+            for mode, k in (("base", 0), ("mtp", 3))]
+    got = {r.id: r for r in cells.run_cells(todo, tmp_path, cells.settings_for("core", 1), parallel=1)}
+    three = got["qwen3_next-mtp3-3bit_nc-full_and_piecewise-on"]
+    assert three.floor == 0.05 and three.floor_source == "plain decoding on turboquant_3bit_nc" and three.status == "pass"
+    k8 = got["qwen3_next-mtp3-k8v4-full_and_piecewise-on"]
+    assert k8.floor == 0.01 and k8.floor_source == "bf16 transformers" and k8.status == "fail"  # 0.06 > 0.01 + 0.02

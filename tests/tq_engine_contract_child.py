@@ -2,7 +2,8 @@
 line's own Python (``PYTHONPATH=<that line's source>:<repo>``), with ``TRITON_INTERPRET=1``.
 
 For each preset it takes the line's real TurboQuant backend, allocates a cache of the line's own
-shape (``get_kv_cache_shape`` / ``create_kv_cache_views``), writes the K/V of a K+1 batch with the
+shape (``get_kv_cache_shape``, or from 0.29 the spec, shape and stride code ``create_kv_cache_views``
+uses), writes the K/V of a K+1 batch with the
 line's own store kernel (``do_kv_cache_update``, Triton interpreter), then runs the backend's
 ``forward`` -- patched by the plugin's real patch group -- under ``torch.inference_mode()`` with
 inference tensors, as vLLM's engine does. The expected value is float64 attention over K/V read
@@ -68,14 +69,18 @@ def _alloc_cache(backend, preset: str, slot: int) -> torch.Tensor:
             return torch.zeros(shape, dtype=torch.uint8)
         except NotImplementedError:
             pass
-    # >= 0.29: the line's own view builder over a flat int8 buffer, in the layout the backend declares
-    from vllm.v1.kv_cache_layout import KVCacheLayout
+    # >= 0.29: the line's own spec, shape and stride code over a flat int8 buffer, in the layout the
+    # backend declares (what create_kv_cache_views builds for one layer): the logical [B, H, N, C]
+    from vllm.v1.kv_cache_interface import (FullAttentionSpec, compute_layer_kv_cache_shape_bytes,
+                                            compute_layout_strides, get_kv_quant_mode)
 
+    spec = backend.customize_spec(FullAttentionSpec(PAGE, num_kv_heads=HK, head_size=D, dtype=torch.uint8,
+                                                    kv_quant_mode=get_kv_quant_mode(preset)))
+    assert spec.state_content_bytes == slot, (spec.state_content_bytes, slot)
     (layout,) = backend.supported_kv_cache_layouts()
-    assert layout == KVCacheLayout.LBNHC, layout
+    shape = compute_layer_kv_cache_shape_bytes(spec, NB)
     raw = torch.zeros(NB * PAGE * HK * slot, dtype=torch.int8)
-    view = raw.view(NB, PAGE, HK, slot)  # physical [B, N, H, C] (one layer)
-    return view.permute(0, 2, 1, 3).view(torch.uint8)  # the logical [B, H, N, C] vLLM hands forward
+    return torch.as_strided(raw, (1, *shape), compute_layout_strides(spec, NB, 1, layout))[0].view(torch.uint8)
 
 
 def _by_axes(cache: torch.Tensor, axes: str) -> torch.Tensor:
