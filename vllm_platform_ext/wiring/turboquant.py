@@ -110,13 +110,44 @@ def _op_cache_view(impl: Any, kv_cache: torch.Tensor) -> torch.Tensor | None:
                               layout_for(impl.kv_cache_dtype, int(impl.head_size)).slot_size_aligned)
     if reason is None:
         return view
-    if reason not in _MISMATCH_REPORTED:  # once per distinct reason, not per layer and step
-        _MISMATCH_REPORTED.add(reason)
-        import vllm_platform_ext
+    _report_mismatch(reason)
+    return None
 
-        report = vllm_platform_ext.bootstrap_report()
-        if report is not None:
-            report.failed("patch", f"{NAME} cache layout", f"{reason}: verify batches keep vLLM's path")
+
+def _report_mismatch(reason: str) -> None:
+    """A tensor vLLM handed over is not what the op documents: reported once per distinct reason
+    (not per layer and step) as a failure of the route; the caller keeps vLLM's path."""
+    if reason in _MISMATCH_REPORTED:
+        return
+    _MISMATCH_REPORTED.add(reason)
+    import vllm_platform_ext
+
+    report = vllm_platform_ext.bootstrap_report()
+    if report is not None:
+        report.failed("patch", f"{NAME} engine tensors", f"{reason}: verify batches keep vLLM's path")
+
+
+_INT = (torch.int32, torch.int64)
+
+
+def tensor_contract(block_table: torch.Tensor, seq_lens: torch.Tensor, b: int, centroids: Any, pit: Any,
+                    head_size: int) -> str | None:
+    """Why the metadata and layer tensors vLLM hands the route are not what the op documents
+    (``block_table`` int [>= b, max_blocks], ``seq_lens`` int [>= b], ``centroids`` a 1-D float
+    codebook, ``PiT`` a float [head_size, head_size] rotation), or None. Host-side shape and dtype
+    reads only: graph-safe."""
+    if block_table.dim() != 2 or block_table.dtype not in _INT or block_table.shape[0] < b:
+        return (f"block_table {tuple(block_table.shape)} {block_table.dtype}: want an int32/int64 "
+                f"[>= {b} requests, blocks] table")
+    if seq_lens.dim() != 1 or seq_lens.dtype not in _INT or seq_lens.shape[0] < b:
+        return f"seq_lens {tuple(seq_lens.shape)} {seq_lens.dtype}: want int32/int64 [>= {b}]"
+    if not isinstance(centroids, torch.Tensor) or centroids.dim() != 1 or not centroids.is_floating_point() \
+            or not 2 <= centroids.numel() <= 256:
+        what = f"{tuple(centroids.shape)} {centroids.dtype}" if isinstance(centroids, torch.Tensor) else type(centroids).__name__
+        return f"layer._tq_centroids {what}: want a 1-D float codebook of 2..256 entries"
+    if not isinstance(pit, torch.Tensor) or tuple(pit.shape) != (head_size, head_size) or not pit.is_floating_point():
+        what = f"{tuple(pit.shape)} {pit.dtype}" if isinstance(pit, torch.Tensor) else type(pit).__name__
+        return f"layer._tq_PiT {what}: want a float [{head_size}, {head_size}] rotation"
     return None
 
 
@@ -143,6 +174,10 @@ def verify_forward(impl: Any, layer: Any, query: torch.Tensor, kv_cache: torch.T
         block_table, seq_lens = attn_metadata.block_table[:b], attn_metadata.seq_lens[:b]
     q = query[:n].view(n, hq, d)
     impl._ensure_on_device(layer, q.device)
+    reason = tensor_contract(block_table, seq_lens, b, layer._tq_centroids, layer._tq_PiT, d)
+    if reason is not None:
+        _report_mismatch(reason)
+        return None
     platform = active_platform()
     op = get_op(OP, platform)
     extra = op_config(OP, platform)
