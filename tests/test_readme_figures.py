@@ -3,6 +3,7 @@ is generated from ``ci/gpu/results/`` (``tools/readme_tables.py``)."""
 from __future__ import annotations
 
 from dataclasses import asdict
+from pathlib import Path
 
 import pytest
 
@@ -10,6 +11,7 @@ from conftest import REPO, load_tool
 from vllm_platform_ext.verify import cells
 
 rt = load_tool("tools/readme_tables.py")
+REPO_PATH = Path(REPO)
 
 
 def _readme() -> str:
@@ -21,6 +23,13 @@ def test_every_readme_figure_is_in_a_committed_result_file():
     missing = rt.unbacked(_readme(), rt.result_texts())
     assert not missing, ("README figures no committed result file (ci/*/results, benchmarks/RESULTS_*, "
                          f"benchmarks/runs) contains: {missing}")
+
+
+@pytest.mark.parametrize("doc", sorted(p.name for p in (REPO_PATH / "docs").glob("*.md")))
+def test_every_docs_figure_is_in_a_committed_result_file(doc):
+    """The design notes under docs/ state measurements too: the same rule as the README."""
+    missing = rt.unbacked((REPO_PATH / "docs" / doc).read_text(encoding="utf-8"), rt.result_texts())
+    assert not missing, f"docs/{doc}: figures no committed result file contains: {missing}"
 
 
 def test_committed_result_files_carry_a_run_header():
@@ -49,6 +58,14 @@ def test_an_unbacked_figure_is_reported():
     assert rt.unbacked(readme.replace("2906", "3100"), texts) == ["3100 tok/s"]
     # a sample output line must stand in a result file as it is, not only its numbers
     assert rt.unbacked(readme.replace("0.000  PASS", "0.000  FAIL"), texts) == ["qwen3_next  mtp  2  0.000  FAIL"]
+
+
+def test_ranges_need_both_ends_and_commands_are_not_samples():
+    texts = {"ci/gpu/results/x.md": "- date: d\ninit 208 s ... init 260 s\n"}
+    assert rt.unbacked("Engines start in 208-260 s.", texts) == []
+    assert rt.unbacked("Engines start in 160–260 s.", texts) == ["160–260 s"]
+    assert rt.unbacked("```\npython tools/x.py --vllm 0.23.0 --python 3.12\n```\n", texts) == []
+    assert rt.unbacked("```\nrow 0.123  PASS\n```\n", texts) == ["row 0.123  PASS"]
 
 
 def _results_md(vllm="0.23.0") -> str:

@@ -164,7 +164,10 @@ FIGURE = re.compile(
 )
 # not claims of a measurement: versions, line numbers, the plugin's documented settings
 IGNORE = re.compile(r"^(?:0\.\d\d?|\d+\.\d+\.\d+)$")
-REQUIREMENT = re.compile(r"(?:≥|>=|<=|Python|torch|Triton|vLLM|vllm|sm_)\s*$")  # "Python ≥ 3.10"
+REQUIREMENT = re.compile(r"(?:≥|>=|<=|Python|torch|Triton|vLLM|vllm|transformers|sm_)\s*$")  # "Python ≥ 3.10"
+# a line of a fenced block that is a command to type, not a sample of output
+COMMAND = re.compile(r"^\s*(?:\$\s+)?(?:python3?|bash|pip|vllm|vllm-platform-ext|cd|export|git)\b")
+RANGE = re.compile(r"^(\d+(?:\.\d+)?)\s?(?:–|-)\s?(\d+(?:\.\d+)?)\s?" + _UNIT + r"$")
 
 
 def figures(text: str) -> list[str]:
@@ -173,7 +176,7 @@ def figures(text: str) -> list[str]:
     out = []
     for m in FIGURE.finditer(text):
         f = m.group(0).strip()
-        before = text[max(0, m.start() - 12):m.start()]
+        before = text[max(0, m.start() - 16):m.start()]
         if not IGNORE.match(f) and not REQUIREMENT.search(before):
             out.append(f)
     return list(dict.fromkeys(out))
@@ -209,12 +212,13 @@ def unbacked(readme: str, texts: dict[str, str], allowed: frozenset = frozenset(
       figure must appear in one result file as it stands (whitespace normalised; a line cut
       short with ``...`` matches by its beginning).
     * A figure in the prose must appear in a result file (dashes and whitespace normalised; a
-      number with a unit also matches the bare number)."""
+      number with a unit also matches the bare number; a range such as ``208-260 s`` matches when
+      both of its ends do). Lines of a fenced block that are commands to type are not samples."""
     corpus = _norm("\n".join(texts.values()))
     prose, code = _split(readme)
     missing = []
     for line in code:
-        if not figures(line):
+        if not figures(line) or COMMAND.match(line):
             continue
         n = _norm(line)
         if n.endswith("..."):
@@ -229,6 +233,9 @@ def unbacked(readme: str, texts: dict[str, str], allowed: frozenset = frozenset(
         if n in corpus or n.replace(" ", "") in corpus.replace(" ", ""):
             continue
         if bare != n and re.search(r"(?<![\d.])" + re.escape(bare) + r"(?![\d])", corpus):
+            continue
+        ends = RANGE.match(n)  # a range summarises measurements: both of its ends must be measured
+        if ends and all(re.search(r"(?<![\d.])" + re.escape(e) + r"(?![\d])", corpus) for e in ends.groups()):
             continue
         missing.append(f)
     return missing
