@@ -276,8 +276,7 @@ def run_cells(cells: list[Cell], work: Path, settings: EngineSettings, parallel:
         plain = [a.bad_fraction for k, a in audits[cell.model].items() if k.startswith(f"spread|{base}|")]
         if plain and max(plain) > floor:  # MoE routing flips under other batch shapes: plain decoding's own spread
             floor, source = max(plain), f"plain decoding over {len(plain)} batch compositions"
-        same = audits[cell.model].get(Cell(cell.model, "base", 0, cell.kv, cell.graphs, cell.plugin, cell.platform,
-                                           cell.disable, cell.tp, cell.prefix_caching).id)
+        same = audits[cell.model].get(replace(cell, mode="base", k=0).id)
         if cell.mode != "base" and same is not None and same.bad_fraction > floor:
             # the same KV preset's plain decoding in this run (TurboQuant quantizes: its own floor)
             floor, source = same.bad_fraction, f"plain decoding on {cell.kv}"
