@@ -14,7 +14,6 @@ import argparse
 import sys
 import tempfile
 import time
-from dataclasses import replace
 
 from vllm_platform_ext.verify.audit import reference_audits
 from vllm_platform_ext.verify.cpu_paths import AVX512_BF16, NO_AVX512_BF16, env_for, host_path
@@ -44,7 +43,7 @@ def main(argv: list[str]) -> int:
         model = make_tiny_model("qwen3_5_moe", f"{tmp}/model", dims="gpu", seed=0)
         for path in paths:
             t0 = time.perf_counter()
-            runs = run_in_subprocess(str(model), prompts, configs, replace(settings), env=env_for(path))
+            runs = run_in_subprocess(str(model), prompts, configs, settings, env=env_for(path))
             gen = {}
             for cfg, run in zip(configs, runs):
                 if run.error:
