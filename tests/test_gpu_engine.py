@@ -29,6 +29,21 @@ MEMORY = os.environ.get("VPE_CELLS_MEMORY", "")
 CELLS = cells.select(SUITE, SHARD)
 
 
+def _serve_memory_and_accelerator_args() -> list[str]:
+    """A served engine's GPU memory as the cells get theirs (``cells.settings_for``): its KV cache
+    in bytes where the line has ``kv_cache_memory_bytes`` (no start-up profiling, so it can run
+    beside the suite's engines, ``VPE_CELLS_PARALLEL`` of them) and the 0.8/N share; else half the
+    GPU, alone. Plus the accelerator's engine arguments (the Triton GDN prefill)."""
+    from vllm_platform_ext.verify.engine import accelerator_engine_kwargs, memory_engine_kwargs
+
+    settings = cells.settings_for(SUITE, PARALLEL + 1, MEMORY)
+    kv = memory_engine_kwargs(settings)
+    args = ["--gpu-memory-utilization", str(settings.gpu_memory_utilization if kv else 0.5)]
+    for key, value in {**kv, **accelerator_engine_kwargs()}.items():
+        args += ["--" + key.replace("_", "-"), str(value)]
+    return args
+
+
 @pytest.fixture(scope="session")
 def results():
     with tempfile.TemporaryDirectory(prefix="vpe-cells-") as tmp:
@@ -65,17 +80,15 @@ def test_serve_under_load(tmp_path):
     import json as _json
     from dataclasses import asdict
 
-    from vllm_platform_ext.verify.engine import accelerator_engine_kwargs
     from vllm_platform_ext.verify.serve_load import run_load
     from vllm_platform_ext.verify.tiny_models import make_tiny_model
 
     model = str(make_tiny_model("qwen3_next", tmp_path / "qwen3_next", dims="gpu"))
     args = ["--dtype", "bfloat16", "--max-model-len", "512", "--max-num-seqs", "64", "--no-enable-prefix-caching",
-            "--kv-cache-dtype", "turboquant_k8v4", "--gpu-memory-utilization", "0.5",
+            "--kv-cache-dtype", "turboquant_k8v4",
             "--speculative-config", _json.dumps({"method": "mtp", "num_speculative_tokens": 3}),
             "--compilation-config", _json.dumps({"cudagraph_mode": "FULL_AND_PIECEWISE"})]
-    for key, value in accelerator_engine_kwargs().items():
-        args += ["--" + key.replace("_", "-"), str(value)]
+    args += _serve_memory_and_accelerator_args()
     res = run_load(model, args, str(tmp_path / "serve.log"), n=64, cancel_every=8, max_tokens=32)
     out = Path(os.environ.get("VPE_CELLS_OUT", "gpu-results"))
     out.mkdir(parents=True, exist_ok=True)
@@ -94,16 +107,14 @@ def test_serve_defaults_prefix_cache_hits(tmp_path):
     import json as _json
     from dataclasses import asdict
 
-    from vllm_platform_ext.verify.engine import accelerator_engine_kwargs
     from vllm_platform_ext.verify.serve_load import run_prefix_cache_check
     from vllm_platform_ext.verify.tiny_models import make_tiny_model
 
     model = str(make_tiny_model("qwen3_next", tmp_path / "qwen3_next", dims="gpu", max_positions=1024))
-    args = ["--dtype", "bfloat16", "--max-model-len", "1024", "--max-num-seqs", "8", "--gpu-memory-utilization", "0.5",
+    args = ["--dtype", "bfloat16", "--max-model-len", "1024", "--max-num-seqs", "8",
             "--speculative-config", _json.dumps({"method": "ngram", "num_speculative_tokens": 3,
                                                   "prompt_lookup_min": 1, "prompt_lookup_max": 3})]
-    for key, value in accelerator_engine_kwargs().items():
-        args += ["--" + key.replace("_", "-"), str(value)]
+    args += _serve_memory_and_accelerator_args()
     res = run_prefix_cache_check(model, args, str(tmp_path / "prefix.log"))
     out = Path(os.environ.get("VPE_CELLS_OUT", "gpu-results"))
     out.mkdir(parents=True, exist_ok=True)

@@ -248,6 +248,22 @@ def test_suites_name_the_cells_the_issue_asks_for():
         cells.select("full", "4/3")
 
 
+def test_suite_expressions_union_and_difference():
+    """One device window runs each cell once: ``core+prefix-tq`` is core's and prefix's cells without tq's."""
+    want = [c.id for c in cells.SUITES["core"]] + [c.id for c in cells.SUITES["prefix"]]
+    tq = {c.id for c in cells.SUITES["tq"]}
+    got = [c.id for c in cells.select("core+prefix-tq")]
+    assert got == [i for i in dict.fromkeys(want) if i not in tq]
+    assert tq & {c.id for c in cells.SUITES["core"]} and not tq & set(got)  # the difference removed something
+    assert [c.id for c in cells.select("tq+tq")] == [c.id for c in cells.SUITES["tq"]]
+    both = cells.select("tq+core")
+    assert len(both) == len({c.id for c in both}) == len(tq | {c.id for c in cells.SUITES["core"]})
+    with pytest.raises(ValueError, match="unknown suite 'nosuch'"):
+        cells.select("core+nosuch")
+    with pytest.raises(ValueError, match="no cells"):
+        cells.select("tq-tq")
+
+
 def test_cell_maps_to_engine_arguments_and_environment():
     c = cells.Cell("qwen3_next", "mtp", 3, "turboquant_k8v4", "full_and_piecewise", plugin=False, platform="maca")
     kw = c.engine_config().engine_kwargs()

@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import datetime as _dt
 import json
+import re
 import sys
 import tempfile
 import time
@@ -337,13 +338,36 @@ def write_results(results: list[CellResult], out_dir: Path) -> tuple[Path, Path]
     return jp, mp
 
 
+def suite_cells(expr: str) -> list[Cell]:
+    """The cells of a suite expression: a name, or names joined by ``+`` (union, first occurrence kept)
+    and ``-`` (without that suite's cells), read left to right -- ``core+prefix-tq`` is core's and
+    prefix's cells that tq does not have, so one device window runs each cell once."""
+    parts = re.split(r"([+-])", expr.replace(" ", ""))
+    out: list[Cell] = []
+    op = "+"
+    for tok in parts:
+        if tok in ("+", "-"):
+            op = tok
+            continue
+        if tok not in SUITES:
+            raise ValueError(f"unknown suite {tok!r} in {expr!r}; choose from {tuple(SUITES)}, joined by + or -")
+        ids = {c.id for c in SUITES[tok]}
+        if op == "+":
+            have = {c.id for c in out}
+            out += [c for c in SUITES[tok] if c.id not in have]
+        else:
+            out = [c for c in out if c.id not in ids]
+    if not out:
+        raise ValueError(f"suite {expr!r} has no cells")
+    return out
+
+
 def select(suite: str, shard: str = "1/1") -> list[Cell]:
-    if suite not in SUITES:
-        raise ValueError(f"unknown suite {suite!r}; choose one of {tuple(SUITES)}")
+    cells = suite_cells(suite)
     i, n = (int(x) for x in shard.split("/"))
     if not 1 <= i <= n:
         raise ValueError(f"shard {shard!r}: want i/n with 1 <= i <= n")
-    return SUITES[suite][i - 1::n]
+    return cells[i - 1::n]
 
 
 MEMORY_MODES = ("kv-bytes", "utilization")
@@ -367,7 +391,8 @@ def settings_for(suite: str, parallel: int, memory: str = "") -> EngineSettings:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--suite", default="core", choices=tuple(SUITES))
+    ap.add_argument("--suite", default="core",
+                    help=f"a suite ({', '.join(SUITES)}) or several joined by + (union) and - (without): core+prefix-tq")
     ap.add_argument("--shard", default="1/1", help="i/n: every n-th cell starting at the i-th")
     ap.add_argument("--parallel", type=int, default=4, help="engines side by side (each gets 0.8/N of the GPU)")
     ap.add_argument("--memory", default="", choices=("",) + MEMORY_MODES,
