@@ -10,9 +10,11 @@ ngram with "Workspace is locked") it must show it. A cell whose kit model cannot
 that fails for a harness reason (memory start-up of side-by-side engines, a timeout), fails as
 such: never a skip, never an upstream or plugin result. Environment: ``VPE_CELLS_SUITE`` (core),
 ``VPE_CELLS_SHARD`` (1/1), ``VPE_CELLS_PARALLEL`` (4), ``VPE_CELLS_MEMORY`` (kv-bytes |
-utilization), ``VPE_CELLS_OUT`` (gpu-results), ``VPE_REFERENCE_PYTHON`` (the reference's python).
+utilization), ``VPE_CELLS_OUT`` (gpu-results: results, progress.log, engine-logs/), ``VPE_CELLS_TIMEOUT`` (1800 s
+per engine), ``VPE_REFERENCE_PYTHON`` (the reference's python).
 """
 import os
+import sys
 import tempfile
 from pathlib import Path
 
@@ -26,6 +28,7 @@ SUITE = os.environ.get("VPE_CELLS_SUITE", "core")
 SHARD = os.environ.get("VPE_CELLS_SHARD", "1/1")
 PARALLEL = int(os.environ.get("VPE_CELLS_PARALLEL", "4"))
 MEMORY = os.environ.get("VPE_CELLS_MEMORY", "")
+TIMEOUT = float(os.environ.get("VPE_CELLS_TIMEOUT", "1800"))  # seconds per engine: keep it inside the device call
 CELLS = cells.select(SUITE, SHARD)
 
 
@@ -46,10 +49,19 @@ def _serve_memory_and_accelerator_args() -> list[str]:
 
 @pytest.fixture(scope="session")
 def results():
+    out = Path(os.environ.get("VPE_CELLS_OUT", "gpu-results"))
+    out.mkdir(parents=True, exist_ok=True)
+
+    def progress(line: str) -> None:  # past pytest's capture, and kept: a call cut short still shows how far it got
+        print(line, file=sys.__stderr__, flush=True)
+        with open(out / "progress.log", "a") as f:
+            f.write(line + "\n")
+
     with tempfile.TemporaryDirectory(prefix="vpe-cells-") as tmp:
         res = cells.run_cells(CELLS, Path(tmp), cells.settings_for(SUITE, PARALLEL, MEMORY), PARALLEL,
-                              dims="cpu" if SUITE == "cpu" else "gpu")
-    jp, mp = cells.write_results(res, Path(os.environ.get("VPE_CELLS_OUT", "gpu-results")))
+                              dims="cpu" if SUITE == "cpu" else "gpu", timeout=TIMEOUT, log=progress,
+                              log_dir=out / "engine-logs")
+    jp, mp = cells.write_results(res, out)
     print(f"\n{mp.read_text()}\nresults: {jp}")
     return {r.id: r for r in res}
 
@@ -89,11 +101,12 @@ def test_serve_under_load(tmp_path):
             "--speculative-config", _json.dumps({"method": "mtp", "num_speculative_tokens": 3}),
             "--compilation-config", _json.dumps({"cudagraph_mode": "FULL_AND_PIECEWISE"})]
     args += _serve_memory_and_accelerator_args()
-    res = run_load(model, args, str(tmp_path / "serve.log"), n=64, cancel_every=8, max_tokens=32)
     out = Path(os.environ.get("VPE_CELLS_OUT", "gpu-results"))
     out.mkdir(parents=True, exist_ok=True)
+    log = out / "serve-load.log"  # kept beside the results: also when the device call is cut short
+    res = run_load(model, args, str(log), n=64, cancel_every=8, max_tokens=32)
     (out / "serve_load.json").write_text(_json.dumps({**asdict(res), "versions": cells.versions()}, indent=1))
-    assert res.passed, (res, (tmp_path / "serve.log").read_text()[-4000:])
+    assert res.passed, (res, log.read_text()[-4000:])
     assert res.completed == 56 and res.cancelled == 8 and res.accepted_tokens > 0
 
 
@@ -115,10 +128,11 @@ def test_serve_defaults_prefix_cache_hits(tmp_path):
             "--speculative-config", _json.dumps({"method": "ngram", "num_speculative_tokens": 3,
                                                   "prompt_lookup_min": 1, "prompt_lookup_max": 3})]
     args += _serve_memory_and_accelerator_args()
-    res = run_prefix_cache_check(model, args, str(tmp_path / "prefix.log"))
     out = Path(os.environ.get("VPE_CELLS_OUT", "gpu-results"))
     out.mkdir(parents=True, exist_ok=True)
+    log = out / "serve-prefix.log"
+    res = run_prefix_cache_check(model, args, str(log))
     (out / "serve_prefix.json").write_text(_json.dumps({**asdict(res), "versions": cells.versions()}, indent=1))
-    assert res.passed, (res, (tmp_path / "prefix.log").read_text()[-4000:])
+    assert res.passed, (res, log.read_text()[-4000:])
     assert res.hit_tokens >= res.block_tokens > 0 and res.salted_hit_tokens == 0, res
     assert res.same_with_and_without_hit and res.accepted_tokens > 0, res

@@ -547,3 +547,36 @@ def test_speculative_cell_floor_is_the_same_presets_plain_decoding(monkeypatch, 
     assert three.floor == 0.05 and three.floor_source == "plain decoding on turboquant_3bit_nc" and three.status == "pass"
     k8 = got["qwen3_next-mtp3-k8v4-full_and_piecewise-on"]
     assert k8.floor == 0.01 and k8.floor_source == "bf16 transformers" and k8.status == "fail"  # 0.06 > 0.01 + 0.02
+
+
+def test_engine_past_its_timeout_is_killed_with_its_children_and_is_a_harness_error(tmp_path):
+    """A cell past its time must end inside the device call: the engine's whole process group is
+    killed (vLLM's EngineCore and workers would otherwise keep the GPU), what it printed is kept,
+    and the cell is a harness error, not an upstream or plugin result."""
+    import os
+    import sys
+    import time
+
+    from vllm_platform_ext.verify.engine import _run_group
+
+    pidfile = tmp_path / "child.pid"
+    code = ("import subprocess, sys, time; p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']);"
+            f"open({str(pidfile)!r}, 'w').write(str(p.pid)); print('started', flush=True); time.sleep(60)")
+    t0 = time.monotonic()
+    proc = _run_group([sys.executable, "-c", code], dict(os.environ), timeout=3)
+    assert time.monotonic() - t0 < 30 and proc.returncode == "timeout" and "started" in proc.stdout
+    child = int(pidfile.read_text())
+    for _ in range(50):  # the grandchild went with the group
+        try:
+            os.kill(child, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.1)
+    else:
+        raise AssertionError(f"grandchild {child} outlived the timeout")
+    run = type("Run", (), {"error": "EngineSubprocessError: engine subprocess timed out after 3s (its process group "
+                                    "was killed):\nstarted"})()
+    status, note = cells.judge(cells.Cell(), run, None, 0.0, 0.02)
+    assert status == "harness-error" and "timed out" in note
+    ok = _run_group([sys.executable, "-c", "print('x')"], dict(os.environ), timeout=30)
+    assert ok.returncode == 0 and ok.stdout == "x\n"

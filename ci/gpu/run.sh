@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # On the GPU machine, after `bash unpack.sh DEST` (ci/gpu/bundle.py build wrote both):
 #   bash DEST/project/ci/gpu/run.sh --wheels DEST/wheels [--suite core|full|cpu] [--shard i/n]
-#                                   [--parallel N] [--memory kv-bytes|utilization] [--out DIR]
+#                                   [--parallel N] [--memory kv-bytes|utilization] [--timeout S] [--out DIR]
 #                                   [--do check,kernels-quick,kernels,engine,e2e] [-- extra pytest args]
 # Finds the interpreter that holds torch ($PYTHON, else python3/python on PATH, else /opt/*), and
 # builds a venv on it (ci/gpu/machine_venv.py: the carried wheels with --no-index --no-deps, torch
@@ -20,12 +20,15 @@
 # --memory kv-bytes (default where the vLLM line has kv_cache_memory_bytes): each engine gets its KV
 # cache in bytes and vLLM skips its memory profiling, so side-by-side engines never trip it;
 # utilization: each engine gets 0.8/N of the GPU (use with --parallel 1: cells one after another).
-# Results in DIR (default: ./gpu-results next to DEST): results.json / results.md (engine),
+# --timeout S: seconds per engine (default 1800); past it the engine's process group is killed and the
+# cell fails as a harness error, so a suite ends inside a device call and still writes its results.
+# Results in DIR (default: ./gpu-results next to DEST): results.json / results.md (engine), progress.log
+# and engine-logs/<cell>.log (each engine's whole log, also of a cell cut short),
 # kernels.xml / kernels-quick.xml (kernels), e2e/ and e2e-tiny/ (e2e).
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 project="$(cd "$here/../.." && pwd)"
-wheels="" suite="core" shard="1/1" parallel="4" out="" do="engine" memory="" kshard="1/1"
+wheels="" suite="core" shard="1/1" parallel="4" out="" do="engine" memory="" kshard="1/1" timeout="1800"
 while [ $# -gt 0 ]; do
   case "$1" in
     --wheels) wheels="$2"; shift 2 ;;
@@ -34,6 +37,7 @@ while [ $# -gt 0 ]; do
     --kernel-shard) kshard="$2"; shift 2 ;;
     --parallel) parallel="$2"; shift 2 ;;
     --memory) memory="$2"; shift 2 ;;
+    --timeout) timeout="$2"; shift 2 ;;
     --out) out="$2"; shift 2 ;;
     --do) do="$2"; shift 2 ;;
     --) shift; break ;;
@@ -90,7 +94,7 @@ for step in ${do//,/ }; do
       echo "results: $kx" ;;
     engine)
       VPE_CELLS_SUITE="$suite" VPE_CELLS_SHARD="$shard" VPE_CELLS_PARALLEL="$parallel" VPE_CELLS_OUT="$out" \
-        VPE_CELLS_MEMORY="$memory" \
+        VPE_CELLS_MEMORY="$memory" VPE_CELLS_TIMEOUT="$timeout" \
         "$venv/bin/python" -m pytest -q -rs -p no:cacheprovider -m gpu_engine tests/test_gpu_engine.py "$@" || rc=$?
       echo "results: $out/results.json, $out/results.md" ;;
     e2e)

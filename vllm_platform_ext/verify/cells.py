@@ -156,7 +156,8 @@ def versions() -> dict:
 # each other's memory start-up (vLLM's profiling counts the other engines), a cell past its time.
 # Such a cell fails as "harness-error" and is never reported as an upstream or plugin result.
 HARNESS_ERRORS = ("No available memory for the cache blocks", "Error in memory profiling",
-                  "less than desired GPU memory utilization", "CUDA out of memory", "TimeoutExpired")
+                  "less than desired GPU memory utilization", "CUDA out of memory", "TimeoutExpired",
+                  "engine subprocess timed out")
 
 # What upstream (plugin off) is known to do, by vLLM line: (predicate(cell, (major, minor)), status, message).
 # A plugin-off cell that matches must show it: else the bug the plugin fixes did not reproduce
@@ -215,12 +216,16 @@ def judge(cell: Cell, run, audit, floor: float, margin: float) -> tuple[str, str
 
 def run_cells(cells: list[Cell], work: Path, settings: EngineSettings, parallel: int = 1,
               margin: float = MARGIN, dims: str = "gpu", timeout: float = 1800, log=print,
-              reference_python: str | None = None) -> list[CellResult]:
+              reference_python: str | None = None, log_dir: Path | None = None) -> list[CellResult]:
     """Each cell in its own engine process (``parallel`` at a time), audited against float32 in a
     reference process (:func:`audit.reference_audits`; ``reference_python`` or
     ``VPE_REFERENCE_PYTHON``: a transformers that knows the model). A checkpoint the kit cannot
-    write, or a reference that cannot load it, fails its cells as ``kit-error``: never a skip."""
+    write, or a reference that cannot load it, fails its cells as ``kit-error``: never a skip.
+    ``timeout``: seconds per engine (its process group is killed past it, and the cell fails as
+    ``harness-error``); ``log_dir``: each engine's whole log is kept there as ``<cell id>.log``."""
     prompts = default_prompts()
+    if log_dir is not None:
+        Path(log_dir).mkdir(parents=True, exist_ok=True)
     models, kit_errors = {}, {}
     for kind in sorted({c.model for c in cells}):
         try:
@@ -238,8 +243,9 @@ def run_cells(cells: list[Cell], work: Path, settings: EngineSettings, parallel:
             # vLLM 0.22-0.26 want the "align" block within one step's token budget
             cs = spread_settings if spread_run else settings
             cs = replace(cs, max_num_batched_tokens=2048) if cell.prefix_caching else cs
+            lp = None if log_dir is None else str(Path(log_dir) / f"{'spread-' if spread_run else ''}{cell.id}.log")
             run = run_in_subprocess(str(models[cell.model]), prompts, [cell.engine_config()], cs,
-                                    env=cell.env(), timeout=timeout)[0]
+                                    env=cell.env(), timeout=timeout, log_path=lp)[0]
         except Exception as exc:  # the engine process itself died (e.g. a CUDA fault aborted it) or timed out
             run = EngineRun(mode=cell.mode, k=cell.k, error=f"{type(exc).__name__}: {exc}")
         log(f"[cells] {cell.id}: {'ERROR' if run.error else 'ran'} in {time.perf_counter() - t0:.0f}s")
