@@ -564,11 +564,11 @@ def test_forced_e4b15_branch_reads_vllm_e4b15_bytes(upstream):
                 value_quant_bits=lay.value_bits, key_fp8=True,
             )
 
-        view, bt = make_cache(preset, [900, 33], 4, e4b15=True, store=vllm_store)
+        view, bt = make_cache(preset, [900, 33], 4, e4b15=True, store=vllm_store, layout="line")
     finally:
         upstream.decode._FP8_E4B15.clear()
         upstream.decode._FP8_E4B15.update(saved)
-    ref_view, _ = make_cache(preset, [900, 33], 4, e4b15=True, seed=0)
+    ref_view, _ = make_cache(preset, [900, 33], 4, e4b15=True, seed=0, layout="line")
     # vLLM's e4b15 key bytes decode to within one e4b15 step of the reference encoding
     kb = view[..., : lay.head_dim].reshape(-1, lay.head_dim)
     rb = ref_view[..., : lay.head_dim].reshape(-1, lay.head_dim)

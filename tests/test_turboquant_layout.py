@@ -164,3 +164,22 @@ def test_metadata_or_layer_tensors_not_as_documented_keep_vllms_path(report, wha
 def test_tensor_contract_accepts_what_the_lines_hand_over():
     assert wiring.tensor_contract(torch.zeros(3, 8, dtype=torch.int32), torch.zeros(3, dtype=torch.int32), 3,
                                   torch.zeros(8), torch.eye(128), 128) is None
+
+
+def test_gpu_tests_hand_vllm_store_only_the_line_layout():
+    """vLLM's store writes the line's own cache layout (0.23: ``(num_blocks, block_size, heads, slot)``
+    contiguous; it takes ``kv_cache.view(-1)``). A GPU test that hands it our head-major view fails
+    inside vLLM's kernel (seen on the H200, 0.23.0, 2026-11-27: the forced-e4b15 test). This checks,
+    on the CPU, that every ``make_cache`` of ``tests/test_turboquant_gpu.py`` that stores with a
+    given ``store`` asks for ``layout="line"``."""
+    import ast
+    from pathlib import Path
+
+    src = Path(__file__).with_name("test_turboquant_gpu.py")
+    calls = [n for n in ast.walk(ast.parse(src.read_text())) if isinstance(n, ast.Call)
+             and getattr(n.func, "id", None) == "make_cache" and any(k.arg == "store" for k in n.keywords)]
+    assert len(calls) >= 2, "the GPU tests no longer store with vLLM's kernel: update this check"
+    for c in calls:
+        layout = next((k.value for k in c.keywords if k.arg == "layout"), None)
+        assert isinstance(layout, ast.Constant) and layout.value == "line", (
+            f"test_turboquant_gpu.py:{c.lineno}: make_cache(store=...) without layout='line'")
