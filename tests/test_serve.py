@@ -142,6 +142,7 @@ def test_serve_defaults_prefix_cache_hits_with_ngram(tmp_path, cpu_path_env):
     if env:
         assert f"vllm-cpu path forced to {path}" in log, log[-3000:]
     assert res.hit_tokens >= 2 * res.block_tokens > 0 and res.salted_hit_tokens == 0, res
+    assert res.query_tokens >= res.hit_tokens, res  # vllm-cpu 0.32 serves a hybrid model with prefix caching by default
     assert res.same_with_and_without_hit, res
     assert res.accepted_tokens > 0 and res.alive_after, res
 

@@ -98,11 +98,11 @@ for step in ${do//,/ }; do
         "$venv/bin/python" -m pytest -q -rs -p no:cacheprovider -m gpu_engine tests/test_gpu_engine.py "$@" || rc=$?
       echo "results: $out/results.json, $out/results.md" ;;
     e2e)
-      "$venv/bin/python" benchmarks/e2e_spec_decode.py --model qwen36_a3b --layers 8 --out "$out/e2e" || rc=$?
-      "$venv/bin/python" benchmarks/e2e_spec_decode.py --model tiny --out "$out/e2e-tiny" || rc=$?
+      "$venv/bin/python" benchmarks/e2e_spec_decode.py --model qwen36_a3b --layers 8 --timeout "$timeout" --out "$out/e2e" || rc=$?
+      "$venv/bin/python" benchmarks/e2e_spec_decode.py --model tiny --timeout "$timeout" --out "$out/e2e-tiny" || rc=$?
       echo "results: $out/e2e/e2e.md, $out/e2e-tiny/e2e.md" ;;
     e2e-tp2)
-      "$venv/bin/python" benchmarks/e2e_spec_decode.py --model qwen36_a3b --layers 8 --tp 2 --configs B,C \
+      "$venv/bin/python" benchmarks/e2e_spec_decode.py --model qwen36_a3b --layers 8 --tp 2 --configs B,C --timeout "$timeout" \
         --batches 8 --contexts 4096 --out "$out/e2e-tp2" || rc=$?
       echo "results: $out/e2e-tp2/e2e.md" ;;
   esac

@@ -204,7 +204,7 @@ _SPEC_COUNTERS = {
 }
 
 
-def _spec_counters(llm) -> dict:
+def spec_counters(llm) -> dict:
     out = {v: 0 for v in _SPEC_COUNTERS.values()}
     for m in llm.get_metrics():
         key = _SPEC_COUNTERS.get(m.name)
@@ -343,8 +343,11 @@ def engine_path(llm) -> dict:
 
 
 def run_engine(model: str, prompts: list[list[int]], cfg: EngineConfig,
-               settings: EngineSettings = EngineSettings(), llm_kwargs: dict | None = None) -> EngineRun:
-    """One ``LLM`` on ``model``: greedy, ``ignore_eos``, token-id prompts in one batch."""
+               settings: EngineSettings = EngineSettings(), llm_kwargs: dict | None = None,
+               then=None) -> EngineRun:
+    """One ``LLM`` on ``model``: greedy, ``ignore_eos``, token-id prompts in one batch.
+    ``then(llm, sampling_params)``: called on the same engine after the run, before it shuts
+    down (the e2e benchmark times further batches there without another start-up)."""
     apply_engine_env()
     from vllm import LLM, SamplingParams
 
@@ -373,17 +376,19 @@ def run_engine(model: str, prompts: list[list[int]], cfg: EngineConfig,
         batch = [{"prompt_token_ids": list(p)} for p in prompts]
         for _ in range(settings.warmup_runs):
             llm.generate(batch, sp, use_tqdm=False)
-        before = _spec_counters(llm)
+        before = spec_counters(llm)
         t1 = time.perf_counter()
         outs = llm.generate(batch, sp, use_tqdm=False)
         gen_s = time.perf_counter() - t1
-        after = _spec_counters(llm)
+        after = spec_counters(llm)
         ranks = []
         if cfg.tp > 1:  # each worker's own bootstrap, patches and per-rank shapes, after the run
             from vllm_platform_ext.verify.ranks import rank_state
 
             ranks = sorted(llm.collective_rpc(rank_state), key=lambda r: r.get("rank", -1))
         comps = generate_compositions(llm, prompts, sp, settings.compositions)
+        if then is not None:
+            then(llm, sp)
     finally:
         _shutdown(llm)
     tokens = [list(o.outputs[0].token_ids) for o in outs]

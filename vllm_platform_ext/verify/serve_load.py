@@ -196,6 +196,8 @@ class PrefixCacheResult:
     block_tokens: int = 0  # the attention/mamba block size the server chose (its start-up log)
     hit_tokens: float = 0.0  # /metrics prefix-cache hits of the two requests meant to hit
     salted_hit_tokens: float = 0.0  # ... of the one kept off the cache by its cache_salt
+    query_tokens: float = 0.0  # /metrics prefix-cache queries of the request meant to hit: 0 when the server
+    # runs without prefix caching (vLLM 0.22-0.25's default for hybrid models: is_prefix_caching_supported)
     same_with_and_without_hit: bool = False
     accepted_tokens: float = 0.0
     bad: float = 0.0
@@ -219,9 +221,9 @@ def _complete_ids(port: int, prompt: list[int], max_tokens: int, salt: str | Non
     return ids
 
 
-def _hits(port: int) -> float:
+def _hits(port: int, name: str = "vllm:prefix_cache_hits") -> float:
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30) as r:
-        return counter(r.read().decode(), "vllm:prefix_cache_hits")
+        return counter(r.read().decode(), name)
 
 
 def run_prefix_cache_check(model: str, serve_args: list[str], log_path: str, env: dict | None = None,
@@ -258,9 +260,10 @@ def run_prefix_cache_check(model: str, serve_args: list[str], log_path: str, env
             outs.append((d, _complete_ids(port, d, max_tokens)))
             h0 = _hits(port)
             e_salted = _complete_ids(port, e, max_tokens, salt="vpe-no-hit")
-            h1 = _hits(port)
+            h1, q1 = _hits(port), _hits(port, "vllm:prefix_cache_queries")
             e_hit = _complete_ids(port, e, max_tokens)
             res.salted_hit_tokens, res.hit_tokens = h1 - h0, _hits(port) - h1
+            res.query_tokens = _hits(port, "vllm:prefix_cache_queries") - q1
             outs += [(e, e_salted), (e, e_hit)]
             res.same_with_and_without_hit = e_salted == e_hit
         except Exception as exc:
