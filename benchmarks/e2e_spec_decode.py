@@ -282,10 +282,10 @@ def run_setup(model: Path, setup: Setup, pairs: list[tuple[int, int]], a, timeou
     with tempfile.TemporaryDirectory() as tmp:
         jp, op = Path(tmp, "job.json"), Path(tmp, "out.json")
         jp.write_text(json.dumps(job))
-        from vllm_platform_ext.verify.engine import _run_group
+        from vllm_platform_ext.verify.subproc import run_group
 
         limit = timeout or getattr(a, "timeout", 3600)
-        proc = _run_group([sys.executable, __file__, "--worker", str(jp), str(op)], env, limit)
+        proc = run_group([sys.executable, __file__, "--worker", str(jp), str(op)], env, limit)
         if proc.returncode == "timeout":  # its process group killed: the engine's workers do not hold the GPU on
             return [{"error": f"timed out after {limit:.0f}s (engine process group killed)", "tp": a.tp}] * len(pairs)
         if proc.returncode != 0:

@@ -561,13 +561,13 @@ def test_engine_past_its_timeout_is_killed_with_its_children_and_is_a_harness_er
     import sys
     import time
 
-    from vllm_platform_ext.verify.engine import _run_group
+    from vllm_platform_ext.verify.subproc import run_group
 
     pidfile = tmp_path / "child.pid"
     code = ("import subprocess, sys, time; p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']);"
             f"open({str(pidfile)!r}, 'w').write(str(p.pid)); print('started', flush=True); time.sleep(60)")
     t0 = time.monotonic()
-    proc = _run_group([sys.executable, "-c", code], dict(os.environ), timeout=3)
+    proc = run_group([sys.executable, "-c", code], dict(os.environ), timeout=3)
     assert time.monotonic() - t0 < 30 and proc.returncode == "timeout" and "started" in proc.stdout
     child = int(pidfile.read_text())
     for _ in range(50):  # the grandchild went with the group
@@ -582,7 +582,7 @@ def test_engine_past_its_timeout_is_killed_with_its_children_and_is_a_harness_er
                                     "was killed):\nstarted"})()
     status, note = cells.judge(cells.Cell(), run, None, 0.0, 0.02)
     assert status == "harness-error" and "timed out" in note
-    ok = _run_group([sys.executable, "-c", "print('x')"], dict(os.environ), timeout=30)
+    ok = run_group([sys.executable, "-c", "print('x')"], dict(os.environ), timeout=30)
     assert ok.returncode == 0 and ok.stdout == "x\n"
 
 

