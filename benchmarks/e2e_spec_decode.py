@@ -217,7 +217,7 @@ def worker(job_path: str, out_path: str) -> int:
     steps logged apart). Sized for the largest pair."""
     job = json.loads(Path(job_path).read_text())
     from vllm_platform_ext.verify.engine import (EngineConfig, EngineSettings, apply_engine_env, engine_path,
-                                                 run_engine, spec_counters)
+                                                 run_engine, timed_generate)
 
     apply_engine_env()
     log = StepLog(profile=job.get("profile"), profile_to=job.get("profile_to"))
@@ -241,16 +241,10 @@ def worker(job_path: str, out_path: str) -> int:
 
     def more(llm, sp):
         results.append({"steps": _fresh_log()})  # the first pair's steps (run_engine's warm-up and timed run)
-        for batch, context in pairs[1:]:
-            req = [{"prompt_token_ids": p} for p in _prompts(batch, context, job["vocab"])]
-            llm.generate(req, sp, use_tqdm=False)  # warm-up, logged as run_engine's is
-            before = spec_counters(llm)
-            t0 = time.perf_counter()
-            outs = llm.generate(req, sp, use_tqdm=False)
-            gen_s = time.perf_counter() - t0
-            after = spec_counters(llm)
+        for batch, context in pairs[1:]:  # one warm-up each, logged as run_engine's is
+            outs, gen_s, spec = timed_generate(llm, _prompts(batch, context, job["vocab"]), sp, settings.warmup_runs)
             results.append({"run": {"generate_s": gen_s, "num_generated": sum(len(o.outputs[0].token_ids) for o in outs),
-                                    "engine_path": engine_path(llm), **{k: after[k] - before[k] for k in after}},
+                                    "engine_path": engine_path(llm), **spec},
                             "steps": _fresh_log()})
 
     first_batch, first_context = pairs[0]
@@ -284,7 +278,7 @@ def run_setup(model: Path, setup: Setup, pairs: list[tuple[int, int]], a, timeou
         jp.write_text(json.dumps(job))
         from vllm_platform_ext.verify.subproc import run_group
 
-        limit = timeout or getattr(a, "timeout", 3600)
+        limit = timeout or a.timeout
         proc = run_group([sys.executable, __file__, "--worker", str(jp), str(op)], env, limit)
         if proc.returncode == "timeout":  # its process group killed: the engine's workers do not hold the GPU on
             return [{"error": f"timed out after {limit:.0f}s (engine process group killed)", "tp": a.tp}] * len(pairs)

@@ -357,12 +357,12 @@ def suite_cells(expr: str) -> list[Cell]:
             continue
         if tok not in SUITES:
             raise ValueError(f"unknown suite {tok!r} in {expr!r}; choose from {tuple(SUITES)}, joined by + or -")
-        ids = {c.id for c in SUITES[tok]}
         if op == "+":
             have = {c.id for c in out}
             out += [c for c in SUITES[tok] if c.id not in have]
         else:
-            out = [c for c in out if c.id not in ids]
+            drop = {c.id for c in SUITES[tok]}
+            out = [c for c in out if c.id not in drop]
     if not out:
         raise ValueError(f"suite {expr!r} has no cells")
     return out

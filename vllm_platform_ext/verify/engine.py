@@ -342,6 +342,20 @@ def engine_path(llm) -> dict:
     return out
 
 
+def timed_generate(llm, prompts: list[list[int]], sp, warmup_runs: int = 0) -> tuple[list, float, dict]:
+    """``warmup_runs`` untimed generates of the token-id ``prompts``, then the timed one: (its
+    outputs, its seconds, the speculative-decoding counters it added)."""
+    batch = [{"prompt_token_ids": list(p)} for p in prompts]
+    for _ in range(warmup_runs):
+        llm.generate(batch, sp, use_tqdm=False)
+    before = spec_counters(llm)
+    t0 = time.perf_counter()
+    outs = llm.generate(batch, sp, use_tqdm=False)
+    gen_s = time.perf_counter() - t0
+    after = spec_counters(llm)
+    return outs, gen_s, {k: after[k] - before[k] for k in after}
+
+
 def run_engine(model: str, prompts: list[list[int]], cfg: EngineConfig,
                settings: EngineSettings = EngineSettings(), llm_kwargs: dict | None = None,
                then=None) -> EngineRun:
@@ -373,14 +387,7 @@ def run_engine(model: str, prompts: list[list[int]], cfg: EngineConfig,
     try:
         sp = SamplingParams(max_tokens=settings.max_tokens, temperature=0.0, ignore_eos=True,
                             detokenize=False)
-        batch = [{"prompt_token_ids": list(p)} for p in prompts]
-        for _ in range(settings.warmup_runs):
-            llm.generate(batch, sp, use_tqdm=False)
-        before = spec_counters(llm)
-        t1 = time.perf_counter()
-        outs = llm.generate(batch, sp, use_tqdm=False)
-        gen_s = time.perf_counter() - t1
-        after = spec_counters(llm)
+        outs, gen_s, spec = timed_generate(llm, prompts, sp, settings.warmup_runs)
         ranks = []
         if cfg.tp > 1:  # each worker's own bootstrap, patches and per-rank shapes, after the run
             from vllm_platform_ext.verify.ranks import rank_state
@@ -396,8 +403,7 @@ def run_engine(model: str, prompts: list[list[int]], cfg: EngineConfig,
                     num_generated=sum(len(t) for t in tokens), patches=plugin_patch_status(),
                     ssm_cache_dtype=cfg.ssm_cache_dtype, engine_path=path,
                     kv_cache_dtype=cfg.kv_cache_dtype, graphs=cfg.graphs, tp=cfg.tp, ranks=ranks,
-                    compositions=comps, prefix_caching=cfg.prefix_caching,
-                    **{k: after[k] - before[k] for k in after})
+                    compositions=comps, prefix_caching=cfg.prefix_caching, **spec)
     for i, t in enumerate(tokens):
         if len(t) != settings.max_tokens:
             raise RuntimeError(f"{run.label}: prompt {i} got {len(t)} tokens, expected {settings.max_tokens}")

@@ -158,8 +158,7 @@ def run_load(model: str, serve_args: list[str], log_path: str, n: int = 64, canc
             except Exception as exc:
                 res.alive_after = False
                 res.errors.append(f"after load: {type(exc).__name__}: {exc}")
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30) as r:
-            metrics = r.read().decode()
+        metrics = _metrics(port)
         res.draft_tokens = counter(metrics, "vllm:spec_decode_num_draft_tokens")
         res.accepted_tokens = counter(metrics, "vllm:spec_decode_num_accepted_tokens")
     finally:
@@ -221,9 +220,9 @@ def _complete_ids(port: int, prompt: list[int], max_tokens: int, salt: str | Non
     return ids
 
 
-def _hits(port: int, name: str = "vllm:prefix_cache_hits") -> float:
+def _metrics(port: int) -> str:
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30) as r:
-        return counter(r.read().decode(), name)
+        return r.read().decode()
 
 
 def run_prefix_cache_check(model: str, serve_args: list[str], log_path: str, env: dict | None = None,
@@ -258,19 +257,21 @@ def run_prefix_cache_check(model: str, serve_args: list[str], log_path: str, env
         try:
             outs.append((a, _complete_ids(port, a, max_tokens)))
             outs.append((d, _complete_ids(port, d, max_tokens)))
-            h0 = _hits(port)
+            hits, queries = "vllm:prefix_cache_hits", "vllm:prefix_cache_queries"
+            m0 = _metrics(port)
             e_salted = _complete_ids(port, e, max_tokens, salt="vpe-no-hit")
-            h1, q1 = _hits(port), _hits(port, "vllm:prefix_cache_queries")
+            m1 = _metrics(port)
             e_hit = _complete_ids(port, e, max_tokens)
-            res.salted_hit_tokens, res.hit_tokens = h1 - h0, _hits(port) - h1
-            res.query_tokens = _hits(port, "vllm:prefix_cache_queries") - q1
+            m2 = _metrics(port)
+            res.salted_hit_tokens = counter(m1, hits) - counter(m0, hits)
+            res.hit_tokens = counter(m2, hits) - counter(m1, hits)
+            res.query_tokens = counter(m2, queries) - counter(m1, queries)
             outs += [(e, e_salted), (e, e_hit)]
             res.same_with_and_without_hit = e_salted == e_hit
         except Exception as exc:
             res.errors.append(f"{type(exc).__name__}: {exc}")
         res.alive_after = healthy(port)
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30) as resp:
-            res.accepted_tokens = counter(resp.read().decode(), "vllm:spec_decode_num_accepted_tokens")
+        res.accepted_tokens = counter(_metrics(port), "vllm:spec_decode_num_accepted_tokens")
     finally:
         stop_server(proc)
     if outs:
