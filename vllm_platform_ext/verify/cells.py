@@ -67,8 +67,10 @@ class Cell:
         return EngineConfig(self.mode, self.k, kv_cache_dtype=self.kv, graphs=self.graphs, tp=self.tp,
                             prefix_caching=self.prefix_caching)
 
-    def env(self) -> dict:
-        env = {} if self.plugin else {"VLLM_PLUGINS": ""}  # vLLM loads no plugin of ours
+    def env(self, plugins_off: str = "") -> dict:
+        """``plugins_off``: ``VLLM_PLUGINS`` of a plugin-off cell (default none: vLLM loads no plugin;
+        beside another vendor's plugin, its plugin names, so that only ours is off)."""
+        env = {} if self.plugin else {"VLLM_PLUGINS": plugins_off}  # vLLM loads no plugin of ours
         if self.platform:
             env["VLLM_PLATFORM_EXT_PLATFORM"] = self.platform
         if self.disable:
@@ -118,6 +120,12 @@ SUITES: dict[str, list[Cell]] = {
     # vLLM's defaults (prefix caching on: the mamba cache in "align" mode) with speculation (issue 30)
     "prefix": [Cell(m, mode, k, "auto", "full_and_piecewise", p, prefix_caching=True)
                for m in ("qwen3_next", "qwen3_5") for mode, k in (("mtp", 3), ("ngram", 3)) for p in (True, False)],
+    # issue 33's GPU stand-in (ci/gpu/metax_standin.sh: vLLM-metax's platform on NVIDIA): MTP k=3 on
+    # k8v4 with its floors (plain decoding on k8v4, MTP k=3 on KV auto: vLLM-metax's FLASH_ATTN),
+    # and the k8v4 cell with only our plugin off (--plugins-off: vLLM-metax's plugin names)
+    "metax-standin": [Cell("qwen3_next", "mtp", 3, "turboquant_k8v4"), Cell("qwen3_next", "base", 0, "turboquant_k8v4"),
+                      Cell("qwen3_next", "mtp", 3, "auto"),
+                      Cell("qwen3_next", "mtp", 3, "turboquant_k8v4", plugin=False)],
 }
 
 
@@ -216,13 +224,16 @@ def judge(cell: Cell, run, audit, floor: float, margin: float) -> tuple[str, str
 
 def run_cells(cells: list[Cell], work: Path, settings: EngineSettings, parallel: int = 1,
               margin: float = MARGIN, dims: str = "gpu", timeout: float = 1800, log=print,
-              reference_python: str | None = None, log_dir: Path | None = None) -> list[CellResult]:
+              reference_python: str | None = None, log_dir: Path | None = None,
+              engine_env: dict | None = None, plugins_off: str = "") -> list[CellResult]:
     """Each cell in its own engine process (``parallel`` at a time), audited against float32 in a
     reference process (:func:`audit.reference_audits`; ``reference_python`` or
     ``VPE_REFERENCE_PYTHON``: a transformers that knows the model). A checkpoint the kit cannot
     write, or a reference that cannot load it, fails its cells as ``kit-error``: never a skip.
     ``timeout``: seconds per engine (its process group is killed past it, and the cell fails as
-    ``harness-error``); ``log_dir``: each engine's whole log is kept there as ``<cell id>.log``."""
+    ``harness-error``); ``log_dir``: each engine's whole log is kept there as ``<cell id>.log``.
+    ``engine_env``: added to every engine process's environment (not the reference's): a stand-in's
+    ``PYTHONPATH`` and switches; ``plugins_off``: see :meth:`Cell.env`."""
     prompts = default_prompts()
     if log_dir is not None:
         Path(log_dir).mkdir(parents=True, exist_ok=True)
@@ -245,7 +256,8 @@ def run_cells(cells: list[Cell], work: Path, settings: EngineSettings, parallel:
             cs = replace(cs, max_num_batched_tokens=2048) if cell.prefix_caching else cs
             lp = None if log_dir is None else str(Path(log_dir) / f"{'spread-' if spread_run else ''}{cell.id}.log")
             run = run_in_subprocess(str(models[cell.model]), prompts, [cell.engine_config()], cs,
-                                    env=cell.env(), timeout=timeout, log_path=lp)[0]
+                                    env={**(engine_env or {}), **cell.env(plugins_off)}, timeout=timeout,
+                                    log_path=lp)[0]
         except Exception as exc:  # the engine process itself died (e.g. a CUDA fault aborted it) or timed out
             run = EngineRun(mode=cell.mode, k=cell.k, error=f"{type(exc).__name__}: {exc}")
         log(f"[cells] {cell.id}: {'ERROR' if run.error else 'ran'} in {time.perf_counter() - t0:.0f}s")
@@ -344,11 +356,28 @@ def write_results(results: list[CellResult], out_dir: Path) -> tuple[Path, Path]
     return jp, mp
 
 
+def _suite_tokens(expr: str) -> list[str]:
+    """Suite names and the ``+`` / ``-`` between them; a name may itself hold a ``-`` (``tq-diag``):
+    the longest suite name that ends at an operator or the end wins."""
+    names = sorted(SUITES, key=len, reverse=True)
+    out, i = [], 0
+    while i < len(expr):
+        if expr[i] in "+-":
+            out.append(expr[i])
+            i += 1
+            continue
+        name = next((n for n in names if expr.startswith(n, i) and expr[i + len(n):i + len(n) + 1] in ("", "+", "-")),
+                    None) or re.match(r"[^+-]*", expr[i:]).group()  # an unknown name: the caller says so
+        out.append(name)
+        i += len(name)
+    return out
+
+
 def suite_cells(expr: str) -> list[Cell]:
     """The cells of a suite expression: a name, or names joined by ``+`` (union, first occurrence kept)
     and ``-`` (without that suite's cells), read left to right -- ``core+prefix-tq`` is core's and
     prefix's cells that tq does not have, so one device window runs each cell once."""
-    parts = re.split(r"([+-])", expr.replace(" ", ""))
+    parts = _suite_tokens(expr.replace(" ", ""))
     out: list[Cell] = []
     op = "+"
     for tok in parts:
@@ -405,14 +434,31 @@ def main(argv=None) -> int:
                     help="GPU memory per engine: kv-bytes (default: kv_cache_memory_bytes, no profiling) or "
                          "utilization (0.8/N of the GPU, profiled: with --parallel 1)")
     ap.add_argument("--dims", default=None, help="tiny model head sizes: gpu (default off the CPU suite) or cpu")
-    ap.add_argument("--out", default="gpu-results")
+    ap.add_argument("--out", default="gpu-results", help="results.json, results.md, progress.log, engine-logs/")
+    ap.add_argument("--timeout", type=float, default=1800, help="seconds per engine (its process group is killed past it)")
+    ap.add_argument("--engine-env", type=Path, default=None,
+                    help="a JSON object of environment variables every engine process gets (not the reference)")
+    ap.add_argument("--plugins-off", default="", help="VLLM_PLUGINS of plugin-off cells (default: no plugin)")
     a = ap.parse_args(argv)
     cells = select(a.suite, a.shard)
     dims = a.dims or ("cpu" if a.suite == "cpu" else "gpu")
+    engine_env = json.loads(a.engine_env.read_text()) if a.engine_env else None
+    if engine_env is not None and not (isinstance(engine_env, dict)
+                                       and all(isinstance(v, str) for v in engine_env.values())):
+        ap.error(f"--engine-env {a.engine_env}: want a JSON object of strings")
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+
+    def log(line: str) -> None:
+        print(line, file=sys.stderr, flush=True)
+        with open(out / "progress.log", "a") as f:
+            f.write(line + "\n")
+
     with tempfile.TemporaryDirectory(prefix="vpe-cells-") as tmp:
         results = run_cells(cells, Path(tmp), settings_for(a.suite, a.parallel, a.memory), a.parallel, dims=dims,
-                            log=lambda s: print(s, file=sys.stderr, flush=True))
-    jp, mp = write_results(results, Path(a.out))
+                            timeout=a.timeout, log=log, log_dir=out / "engine-logs", engine_env=engine_env,
+                            plugins_off=a.plugins_off)
+    jp, mp = write_results(results, out)
     print(mp.read_text())
     bad = [r.id for r in results if r.status in ("fail", "harness-error", "kit-error")]
     print(f"cells: {len(results)} run, {len(bad)} failing (plugin, harness or kit){': ' + ', '.join(bad) if bad else ''}")

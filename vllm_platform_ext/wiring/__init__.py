@@ -10,7 +10,7 @@ from vllm_platform_ext.patching import PatchGroup
 
 def groups() -> list[PatchGroup]:
     from vllm_platform_ext.wiring import (gdn_cpu, gdn_cuda, maca_moe, mamba_align_cpu, turboquant,
-                                          turboquant_workspace, vllm_env)
+                                          turboquant_cache_dtype, turboquant_workspace, vllm_env)
 
     return [*vllm_env.GROUPS, *gdn_cpu.GROUPS, *gdn_cuda.GROUPS, *mamba_align_cpu.GROUPS, *turboquant.GROUPS,
-            *turboquant_workspace.GROUPS, *maca_moe.GROUPS]
+            *turboquant_workspace.GROUPS, *turboquant_cache_dtype.GROUPS, *maca_moe.GROUPS]

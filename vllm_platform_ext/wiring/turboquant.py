@@ -316,12 +316,15 @@ def backend_patches(backend: type) -> list[Patch]:
 
 
 def landing_patches(backend: type) -> list[tuple[str, list[Patch]]]:
-    """``(group, patches)`` still to apply to a TurboQuant backend: this group's, and the
-    workspace reservation where its builder lacks upstream's own (vLLM <= 0.23 copies)."""
+    """``(group, patches)`` still to apply to a TurboQuant backend: this group's, the workspace
+    reservation where its builder lacks upstream's own (vLLM <= 0.23 copies), and the cache-dtype
+    shape fix where the line's V1 runner needs it (0.26 copies)."""
+    from vllm_platform_ext.wiring import turboquant_cache_dtype as cd
     from vllm_platform_ext.wiring import turboquant_workspace as ws
 
     reserve = [] if _ours(backend.get_builder_cls(), "__init__", ws.NAME) else ws.backend_patches(backend)
-    return [(g, p) for g, p in ((NAME, backend_patches(backend)), (ws.NAME, reserve)) if p]
+    groups = ((NAME, backend_patches(backend)), (ws.NAME, reserve), (cd.NAME, cd.backend_patches(backend)))
+    return [(g, p) for g, p in groups if p]
 
 
 def land_on(backend: type) -> str:

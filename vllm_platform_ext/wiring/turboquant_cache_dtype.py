@@ -1,0 +1,125 @@
+"""Wiring: vLLM 0.26's V1 model runner hands the TurboQuant backend ``cache_dtype_str="auto"``.
+
+``GPUModelRunner._reshape_kv_cache_tensors`` (vLLM 0.26) picks each attention layer's cache dtype
+as ``"auto" if kv_cache_spec.kv_quant_mode == KVQuantMode.NONE else ...``. TurboQuant is not a
+``KVQuantMode`` (its specs are ``TQFullAttentionSpec`` with mode NONE), so every TurboQuant layer
+asks ``TurboQuantAttentionBackend.get_kv_cache_shape`` for the shape of dtype ``"auto"`` and
+the engine dies at start-up: ``ValueError: Unknown TurboQuant cache dtype: 'auto'`` (H200,
+vLLM 0.26.0, 2026-11-27: every TurboQuant cell, plugin on and off, plain decoding too).
+Model Runner V2 (``vllm/v1/worker/gpu/attn_utils.py``) excludes ``TQFullAttentionSpec`` from
+that rule; V1 is what 0.26 runs for hybrid models (Qwen3-Next, Qwen3.5), and what vLLM-metax
+master forces (``VLLM_USE_V2_MODEL_RUNNER=0``) for every model.
+
+The group wraps ``_reshape_kv_cache_tensors`` to note the runner's configured cache dtype for
+the duration of the call, and the TurboQuant backend's ``get_kv_cache_shape`` to take that
+dtype when it is asked for a non-TurboQuant one while a TurboQuant dtype is configured. No
+other layer is touched: vLLM gives layers it keeps unquantized
+(``kv_cache_dtype_skip_layers``) another backend, never TurboQuant's. vLLM-metax's copy of the
+backend gets the same wrapper where vLLM selects it (:func:`backend_patches`, landed by
+``wiring.turboquant.land_on``).
+"""
+from __future__ import annotations
+
+import contextvars
+import importlib
+import importlib.util
+import inspect
+
+from vllm_platform_ext.patching import Patch, PatchGroup
+
+NAME = "turboquant.v1_runner_cache_dtype"
+MOD = "vllm.v1.attention.backends.turboquant_attn"
+RUNNER = "vllm.v1.worker.gpu_model_runner"
+RESHAPE = f"{RUNNER}:GPUModelRunner._reshape_kv_cache_tensors"
+PREFIX = "turboquant_"
+
+_configured: contextvars.ContextVar[str | None] = contextvars.ContextVar("vpe_tq_cache_dtype", default=None)
+
+
+def resolve(cache_dtype_str: str | None) -> str | None:
+    """The dtype TurboQuant's shape should be computed for: ``cache_dtype_str`` unless it is not a
+    TurboQuant preset while the running runner is configured with one."""
+    configured = _configured.get()
+    if configured and configured.startswith(PREFIX) and not str(cache_dtype_str or "").startswith(PREFIX):
+        return configured
+    return cache_dtype_str
+
+
+def _shape_factory(orig):
+    def get_kv_cache_shape(num_blocks, block_size, num_kv_heads, head_size, cache_dtype_str=None, *args, **kwargs):
+        if cache_dtype_str is None:  # the line's own default
+            return orig(num_blocks, block_size, num_kv_heads, head_size, *args, **kwargs)
+        return orig(num_blocks, block_size, num_kv_heads, head_size, resolve(cache_dtype_str), *args, **kwargs)
+
+    return get_kv_cache_shape
+
+
+def _reshape_factory(orig):
+    def _reshape_kv_cache_tensors(self, *args, **kwargs):
+        token = _configured.set(str(getattr(self.cache_config, "cache_dtype", "") or ""))
+        try:
+            return orig(self, *args, **kwargs)
+        finally:
+            _configured.reset(token)
+
+    return _reshape_kv_cache_tensors
+
+
+def runner_passes_auto(source: str) -> bool:
+    """The runner's ``_reshape_kv_cache_tensors`` source maps a ``KVQuantMode.NONE`` spec to
+    ``"auto"`` without sparing TurboQuant's spec (vLLM 0.26's V1 runner)."""
+    return "KVQuantMode.NONE" in source and '"auto"' in source and "TQFullAttentionSpec" not in source
+
+
+def needed() -> str | None:
+    """None when the running line needs the group, else why not."""
+    try:
+        found = all(importlib.util.find_spec(m) is not None for m in (MOD, RUNNER))
+    except (ImportError, ValueError):
+        found = False
+    if not found:
+        return f"this vLLM has no TurboQuant backend or V1 GPU runner ({MOD}, {RUNNER})"
+    runner = importlib.import_module(RUNNER).GPUModelRunner
+    fn = getattr(runner, "_reshape_kv_cache_tensors", None)
+    if fn is None:
+        return "not needed: this runner has no _reshape_kv_cache_tensors"
+    try:
+        source = inspect.getsource(fn)
+    except (OSError, TypeError) as exc:
+        return f"cannot read the runner's _reshape_kv_cache_tensors: {exc}"
+    if not runner_passes_auto(source):
+        return "not needed: this line's V1 runner hands TurboQuant layers their TurboQuant dtype"
+    return None
+
+
+def backend_patches(backend: type) -> list[Patch]:
+    """The shape wrapper for a TurboQuant backend class (upstream's or a vendor's copy), where the
+    line needs it and the class has not got it yet."""
+    from vllm_platform_ext.patching import MARK
+
+    raw = inspect.getattr_static(backend, "get_kv_cache_shape", None)
+    fn = getattr(raw, "__func__", raw)
+    if fn is None or getattr(fn, MARK, None) == NAME or needed() is not None:
+        return []
+    return [Patch(f"{backend.__module__}:{backend.__qualname__}.get_kv_cache_shape", _shape_factory)]
+
+
+def _build() -> list[Patch]:
+    upstream = importlib.import_module(MOD).TurboQuantAttentionBackend
+    return [Patch(RESHAPE, _reshape_factory), *backend_patches(upstream)]
+
+
+GROUPS: list[PatchGroup] = [
+    PatchGroup(
+        name=NAME,
+        why="vLLM 0.26's V1 runner asks the TurboQuant backend for the cache shape of dtype 'auto' "
+            "(KVQuantMode has no TurboQuant mode): every TurboQuant engine on a hybrid model dies at "
+            "start-up with 'Unknown TurboQuant cache dtype: auto'",
+        build=_build,
+        skip_if=needed,
+        upstream="vLLM 0.26 gpu_model_runner._reshape_kv_cache_tensors; Model Runner V2 spares "
+                 "TQFullAttentionSpec (attn_utils.py), V1 does not",
+        retire="probe: the runner's _reshape_kv_cache_tensors spares TQFullAttentionSpec (or is gone) "
+               "-> skipped as not needed",
+    )
+]
