@@ -98,7 +98,8 @@ def turboquant():
         impl, builder = backend.get_impl_cls(), backend.get_builder_cls()
         out[when] = {"backend": qual(backend),
                      "patched": [a for k, a, _ in tq._FACTORIES if tq._ours(impl if k == "impl" else builder, a)],
-                     "forward_is_ours": patching.is_patched(f"{impl.__module__}:{impl.__qualname__}.forward")}
+                     "forward_is_ours": patching.is_patched(f"{impl.__module__}:{impl.__qualname__}.forward"),
+                     "shape_is_ours": tq._ours(backend, "get_kv_cache_shape", "turboquant.v1_runner_cache_dtype")}
     cg = getattr(builder, "_cudagraph_support", None)
     out["declared_cudagraph_support"] = getattr(cg, "name", str(cg))
     return out
@@ -271,6 +272,9 @@ def test_platform_compat_order_and_fix_targets(branch, metax_first, line_dirs, m
     for when in ("first", "after register_attention_backends()"):
         assert tq[when]["backend"] == "vllm_metax.v1.attention.backends.turboquant_attn.MacaTurboQuantAttentionBackend"
         assert tq[when]["forward_is_ours"] and len(tq[when]["patched"]) == 4, tq
+        # its V1 runner (0.25/0.26: v0.25.0-dev, master) reshapes TurboQuant layers for dtype "auto":
+        # the fix lands on its copy's get_kv_cache_shape (missed there once: GPU stand-in, 2026-11-27)
+        assert tq[when]["shape_is_ours"] is (branch in ("v0.25.0-dev", "master")), (branch, tq)
     assert tq["declared_cudagraph_support"] == "UNIFORM_BATCH", tq  # its class attribute; ours decides with spec
     # moe_wna16: its config; its apply runs on the line's FusedMoEConfig where it reads the field
     moe = out["moe"]

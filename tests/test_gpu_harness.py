@@ -605,16 +605,49 @@ def _hybrid_prefix_caching_default(model_py: str) -> bool:
     return found[-1][1]  # the generative branch comes after the pooling one
 
 
+def _engine_args_exclude_hybrids(arg_utils_py: str) -> bool:
+    """Whether ``EngineArgs``' ``default_prefix_caching`` (a line's ``engine/arg_utils.py``) also
+    requires ``not model_config.is_hybrid`` (vLLM 0.26), read from the source."""
+    import ast
+
+    assigns = [n for n in ast.walk(ast.parse(arg_utils_py)) if isinstance(n, ast.Assign)
+               and any(isinstance(t, ast.Name) and t.id == "default_prefix_caching" for t in n.targets)]
+    assert assigns, "no default_prefix_caching in EngineArgs: the contract changed"
+    text = ast.unparse(assigns[0].value)
+    assert "is_prefix_caching_supported" in text, text
+    return "is_hybrid" in text
+
+
 @pytest.mark.parametrize("key", [(0, 22), (0, 23), (0, 24), (0, 25), (0, 26), (0, 32), (0, 33)],
                          ids=lambda k: f"{k[0]}.{k[1]}")
 def test_hybrid_prefix_caching_default_per_line_matches_the_gpu_serve_expectation(key):
-    """The GPU serve test expects `vllm serve` with the defaults to run a hybrid model without
-    prefix caching before 0.26 and with it from 0.26 (``HYBRID_PREFIX_CACHING_DEFAULT_FROM``).
-    This reads each line's own ``ModelConfig.is_prefix_caching_supported`` from its wheel."""
+    """The GPU serve test expects `vllm serve` with the defaults to run a hybrid model with prefix
+    caching exactly on the lines in ``HYBRID_PREFIX_CACHING_DEFAULT_ON``. This reads each line's
+    own default from its wheel: ``ModelConfig.is_prefix_caching_supported`` for a hybrid and
+    whether ``EngineArgs`` excludes hybrids on top (0.26 does: reading only the first made the
+    0.26 serve test expect hits, and the GPU showed none, 2026-11-27)."""
     from pathlib import Path
 
     from conftest import line_source
-    from test_gpu_engine import HYBRID_PREFIX_CACHING_DEFAULT_FROM
+    from test_gpu_engine import HYBRID_PREFIX_CACHING_DEFAULT_ON
 
-    src = (Path(line_source(key)) / "vllm" / "config" / "model.py").read_text()
-    assert _hybrid_prefix_caching_default(src) is (key >= HYBRID_PREFIX_CACHING_DEFAULT_FROM), key
+    root = Path(line_source(key)) / "vllm"
+    on = (_hybrid_prefix_caching_default((root / "config" / "model.py").read_text())
+          and not _engine_args_exclude_hybrids((root / "engine" / "arg_utils.py").read_text()))
+    assert on is (key in HYBRID_PREFIX_CACHING_DEFAULT_ON), key
+
+
+def test_reference_device_is_cpu_unless_asked(monkeypatch):
+    """The float32 reference runs on the CPU by default (CI); the GPU harness asks for cuda
+    (``ci/gpu/run.sh``: ``VPE_REFERENCE_DEVICE``); anything else is refused by name."""
+    from vllm_platform_ext.verify.audit import reference_device
+
+    monkeypatch.delenv("VPE_REFERENCE_DEVICE", raising=False)
+    assert reference_device() == "cpu"
+    monkeypatch.setenv("VPE_REFERENCE_DEVICE", "cuda:1")
+    assert reference_device() == "cuda:1"
+    monkeypatch.setenv("VPE_REFERENCE_DEVICE", "gpu")
+    with pytest.raises(ValueError, match="VPE_REFERENCE_DEVICE='gpu'"):
+        reference_device()
+    run_sh = open(os.path.join(REPO, "ci", "gpu", "run.sh")).read()
+    assert 'VPE_REFERENCE_DEVICE="${VPE_REFERENCE_DEVICE:-cuda}"' in run_sh

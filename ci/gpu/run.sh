@@ -12,7 +12,8 @@
 #   kernels        the GPU kernel tests (pytest -m gpu: tests/test_turboquant_gpu.py, tests/test_gdn_gpu.py),
 #                  all of them, or the --kernel-shard i/n part of them
 #   engine         the gpu_engine tests: the real vLLM engine for each cell of the suite, every token
-#                  audited against float32 transformers (in a separate process: the reference python,
+#                  audited against float32 transformers (in a separate process, on the GPU with TF32 off:
+#                  $VPE_REFERENCE_DEVICE, default cuda here; the reference python,
 #                  $VPE_REFERENCE_PYTHON, default the machine's interpreter, whose transformers has Qwen3.5)
 #   e2e            benchmarks/e2e_spec_decode.py: the Qwen3.6-35B-A3B shape (8 layers) and the tiny model
 #   e2e-tp2        the same benchmark at tensor_parallel_size=2 (a 2-GPU kind): B and C at batch 8, 4K
@@ -73,6 +74,7 @@ torch_python() {  # the first interpreter that imports torch
 py="$(torch_python)"
 "$py" "$here/machine_venv.py" "$venv" "$wheels"   # builds once (stamped), then only checks
 export VPE_REFERENCE_PYTHON="${VPE_REFERENCE_PYTHON:-$py}"
+export VPE_REFERENCE_DEVICE="${VPE_REFERENCE_DEVICE:-cuda}"  # the float32 reference on the GPU (TF32 off)
 "$venv/bin/python" - <<'PYEOF'
 import torch, vllm, vllm_platform_ext
 print(f"torch {torch.__version__} cuda {torch.version.cuda} device "

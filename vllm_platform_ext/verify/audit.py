@@ -54,14 +54,17 @@ def passes(bad_fraction: float, floor: float, margin: float = MARGIN) -> bool:
 class Reference:
     """A transformers model of a local checkpoint, float32 for the audit, bf16 for the floor."""
 
-    def __init__(self, model_dir: str, threads: int | None = None):
+    def __init__(self, model_dir: str, threads: int | None = None, device: str = "cpu"):
         import torch
         from transformers import AutoModelForCausalLM
 
         if threads:
             torch.set_num_threads(threads)
-        self.model_dir = str(model_dir)
-        self.fp32 = AutoModelForCausalLM.from_pretrained(self.model_dir, dtype=torch.float32).eval()
+        if device.startswith("cuda"):  # float32 means float32: no TF32 in matmuls or convolutions
+            torch.backends.cuda.matmul.allow_tf32 = False
+            torch.backends.cudnn.allow_tf32 = False
+        self.model_dir, self.device = str(model_dir), device
+        self.fp32 = AutoModelForCausalLM.from_pretrained(self.model_dir, dtype=torch.float32).eval().to(device)
         self._bf16 = None
 
     @property
@@ -70,7 +73,7 @@ class Reference:
             import torch
             from transformers import AutoModelForCausalLM
 
-            self._bf16 = AutoModelForCausalLM.from_pretrained(self.model_dir, dtype=torch.bfloat16).eval()
+            self._bf16 = AutoModelForCausalLM.from_pretrained(self.model_dir, dtype=torch.bfloat16).eval().to(self.device)
         return self._bf16
 
     def logprobs(self, ids: list[int]):
@@ -78,9 +81,9 @@ class Reference:
         import torch
 
         with torch.inference_mode():
-            x = torch.tensor([list(ids)], dtype=torch.long)
+            x = torch.tensor([list(ids)], dtype=torch.long, device=self.device)
             logits = self.fp32(input_ids=x, use_cache=False).logits[0].float()
-            return torch.log_softmax(logits, dim=-1)
+            return torch.log_softmax(logits, dim=-1).cpu()
 
     def regrets(self, prompt: list[int], generated: list[int]) -> list[float]:
         if not generated:
@@ -104,7 +107,7 @@ class Reference:
 
         model = self.bf16 if dtype == "bf16" else self.fp32
         with torch.inference_mode():
-            x = torch.tensor([list(prompt)], dtype=torch.long)
+            x = torch.tensor([list(prompt)], dtype=torch.long, device=self.device)
             out = model.generate(input_ids=x, attention_mask=torch.ones_like(x), do_sample=False,
                                  max_new_tokens=max_tokens, min_new_tokens=max_tokens,
                                  use_cache=True, pad_token_id=0, eos_token_id=None)
@@ -154,16 +157,27 @@ def reference_audits(model_dir: str, prompts: list[list[int]], generated: dict, 
     return AuditResult(data["floor"]), {k: AuditResult(v) for k, v in data["audits"].items()}
 
 
+def reference_device() -> str:
+    """Where the reference runs: ``VPE_REFERENCE_DEVICE`` (``cpu``, default, or ``cuda``; the GPU
+    harness sets ``cuda``: on the GPU machine the CPU reference of 19 cells outlasted a device
+    window beside the engines' start-up, 2026-11-27)."""
+    device = os.environ.get("VPE_REFERENCE_DEVICE", "cpu") or "cpu"
+    if device != "cpu" and not device.startswith("cuda"):
+        raise ValueError(f"VPE_REFERENCE_DEVICE={device!r}: want cpu or cuda[:N]")
+    return device
+
+
 def _worker(job_path: str, out_path: str) -> int:
     with open(job_path) as f:
         job = json.load(f)
-    ref = Reference(job["model_dir"])
+    ref = Reference(job["model_dir"], device=reference_device())
     floor = ref.floor(job["prompts"], job["max_tokens"])
     audits = {k: ref.audit(job["prompts"], v).regrets for k, v in job["generated"].items()}
     import transformers
 
     with open(out_path, "w") as f:
-        json.dump({"floor": floor.regrets, "audits": audits, "transformers": transformers.__version__}, f)
+        json.dump({"floor": floor.regrets, "audits": audits, "transformers": transformers.__version__,
+                   "device": ref.device}, f)
     return 0
 
 

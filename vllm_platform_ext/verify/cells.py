@@ -267,17 +267,37 @@ def run_cells(cells: list[Cell], work: Path, settings: EngineSettings, parallel:
     with ThreadPoolExecutor(max_workers=max(1, parallel)) as pool:
         done = list(pool.map(lambda job: one(*job), jobs))
     runs, spread_runs = dict(zip(todo, done[:len(todo)])), dict(zip(spread, done[len(todo):]))
+    if log_dir is not None:  # the engines' tokens, kept: `python -m vllm_platform_ext.verify.cell_replay` audits them again
+        from vllm_platform_ext.verify.cell_replay import save_runs
+
+        save_runs(Path(log_dir) / "runs.json", models, prompts, settings.max_tokens, dims, runs, spread_runs)
+    return audit_cells(cells, models, kit_errors, runs, spread_runs, prompts, settings.max_tokens, margin, log,
+                       reference_python)
+
+
+def audit_cells(cells: list[Cell], models: dict, kit_errors: dict, runs: dict, spread_runs: dict, prompts: list,
+                max_tokens: int, margin: float = MARGIN, log=print, reference_python: str | None = None,
+                ) -> list[CellResult]:
+    """Audit the engines' tokens (``runs``: cell -> EngineRun; ``spread_runs``: plain decoding over
+    batch compositions) against float32 in one reference process per kit model (``models``: kind ->
+    checkpoint), side by side, and judge each cell."""
+    todo = [c for c in cells if c.model in models]
     floors, audits = {}, {}
-    for kind, path in models.items():
+
+    def audit_model(kind: str, path) -> None:  # one reference process per kit model, side by side
         gen = {c.id: runs[c].tokens for c in todo if c.model == kind and not runs[c].error}
         for c, r in spread_runs.items():
             if c.model == kind and not r.error:
                 gen.update({f"spread|{c.id}|{name}": t for name, t in {"batch": r.tokens, **r.compositions}.items()})
+        t0 = time.perf_counter()
         try:
-            floors[kind], audits[kind] = reference_audits(str(path), prompts, gen, settings.max_tokens,
-                                                          python=reference_python)
+            floors[kind], audits[kind] = reference_audits(str(path), prompts, gen, max_tokens, python=reference_python)
         except Exception as exc:
             kit_errors[kind] = f"kit: the reference cannot audit {kind}: {type(exc).__name__}: {exc}"[-600:]
+        log(f"[cells] reference audit of {kind} ({len(gen)} runs) in {time.perf_counter() - t0:.0f}s")
+
+    with ThreadPoolExecutor(max_workers=max(1, len(models))) as pool:
+        list(pool.map(lambda item: audit_model(*item), models.items()))
     date = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     vers = versions()
     out = []

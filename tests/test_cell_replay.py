@@ -1,0 +1,68 @@
+"""A cell run's tokens audited again elsewhere (``verify/cell_replay.py``): the same verdict as
+the run's own audit, a wrong token still fails, and a kit checkpoint that differs from the one
+the engines ran is refused by name (never an audit of other weights)."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from vllm_platform_ext.verify import cell_replay
+from vllm_platform_ext.verify.audit import Reference
+from vllm_platform_ext.verify.cells import Cell
+from vllm_platform_ext.verify.engine import EngineRun
+from vllm_platform_ext.verify.tiny_models import make_tiny_model
+
+PROMPTS = [[3, 17, 42, 9, 5], [11, 12, 13, 14, 15, 16, 17]]
+MAX_TOKENS = 8
+
+
+@pytest.fixture(scope="module")
+def kit(tmp_path_factory):
+    root = tmp_path_factory.mktemp("replay")
+    model = make_tiny_model("qwen3_next", root / "qwen3_next", dims="cpu")
+    ref = Reference(str(model))
+    greedy = [ref.greedy(p, MAX_TOKENS, "fp32") for p in PROMPTS]
+    return root, model, greedy
+
+
+def _save(path, model, tokens):
+    cell = Cell("qwen3_next", "base", 0, "auto", "eager")
+    run = EngineRun(mode="base", k=0, tokens=tokens, init_s=1.0, engine_path={"device": "test"})
+    return cell_replay.save_runs(path, {"qwen3_next": model}, PROMPTS, MAX_TOKENS, "cpu", {cell: run}, {})
+
+
+def test_replayed_audit_passes_float32_greedy_and_fails_a_wrong_token(kit, tmp_path):
+    root, model, greedy = kit
+    [ok] = cell_replay.replay(_save(tmp_path / "ok.json", model, greedy), tmp_path / "work-ok")
+    assert ok.status == "pass" and ok.bad == 0.0 and ok.positions == len(PROMPTS) * MAX_TOKENS, ok
+    ref = Reference(str(model))
+    wrong = [list(t) for t in greedy]
+    lp = ref.logprobs(PROMPTS[0] + wrong[0][:-1])[len(PROMPTS[0]) - 1:]
+    wrong[0] = lp.argmin(dim=-1).tolist()  # the least likely token at every position: regrets far above 0.5
+    [bad] = cell_replay.replay(_save(tmp_path / "bad.json", model, wrong), tmp_path / "work-bad")
+    assert bad.status == "fail" and bad.bad >= 0.25, bad  # one prompt of two made of unlikely tokens
+
+
+def test_a_checkpoint_other_than_the_runs_is_refused(kit, tmp_path):
+    root, model, greedy = kit
+    other = make_tiny_model("qwen3_next", tmp_path / "other", dims="cpu", seed=1)
+    path = _save(tmp_path / "runs.json", other, greedy)
+    with pytest.raises(ValueError, match="kit model qwen3_next .* differs from the run's checkpoint"):
+        cell_replay.replay(path, tmp_path / "work")
+
+
+def test_runs_json_round_trip_and_cli_errors(kit, tmp_path, capsys):
+    root, model, greedy = kit
+    path = _save(tmp_path / "runs.json", model, greedy)
+    data, runs, spread = cell_replay.load_runs(path)
+    [(cell, run)] = runs.items()
+    assert cell == Cell("qwen3_next", "base", 0, "auto", "eager") and run.tokens == greedy and not spread
+    assert data["checkpoints"]["qwen3_next"] == cell_replay.checkpoint_digest(model)
+    bad = tmp_path / "old.json"
+    bad.write_text(json.dumps({**data, "format": 0}))
+    with pytest.raises(ValueError, match="format 0"):
+        cell_replay.load_runs(bad)
+    with pytest.raises(SystemExit):
+        cell_replay.main([str(tmp_path / "missing.json"), "--out", str(tmp_path / "o")])
+    assert "no such file" in capsys.readouterr().err
