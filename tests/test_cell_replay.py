@@ -66,3 +66,12 @@ def test_runs_json_round_trip_and_cli_errors(kit, tmp_path, capsys):
     with pytest.raises(SystemExit):
         cell_replay.main([str(tmp_path / "missing.json"), "--out", str(tmp_path / "o")])
     assert "no such file" in capsys.readouterr().err
+
+
+def test_cli_writes_the_results_and_exits_by_the_verdict(kit, tmp_path, capsys):
+    root, model, greedy = kit
+    rc = cell_replay.main([str(_save(tmp_path / "runs.json", model, greedy)), "--out", str(tmp_path / "out")])
+    printed = capsys.readouterr().out
+    assert rc == 0 and "replayed: 1 cells, 0 failing" in printed, printed
+    [row] = json.loads((tmp_path / "out" / "results.json").read_text())  # a list of cell results
+    assert row["status"] == "pass" and (tmp_path / "out" / "results.md").is_file()

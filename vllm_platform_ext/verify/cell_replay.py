@@ -86,7 +86,7 @@ def replay(path: Path, work: Path, reference_python: str | None = None, log=prin
 
 
 def main(argv=None) -> int:
-    from vllm_platform_ext.verify.cells import write_results
+    from vllm_platform_ext.verify.cells import report
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("runs", type=Path, help="engine-logs/runs.json of a cell run")
@@ -96,11 +96,7 @@ def main(argv=None) -> int:
         ap.error(f"{a.runs}: no such file (a cell run's engine-logs/runs.json)")
     with tempfile.TemporaryDirectory(prefix="vpe-replay-") as tmp:
         results = replay(a.runs, Path(tmp), log=lambda s: print(s, file=sys.stderr, flush=True))
-    jp, mp = write_results(results, a.out)
-    print(mp.read_text())
-    bad = [r.id for r in results if r.status in ("fail", "harness-error", "kit-error")]
-    print(f"replayed: {len(results)} cells, {len(bad)} failing{': ' + ', '.join(bad) if bad else ''}")
-    return 1 if bad else 0
+    return report(results, a.out, "replayed: {n} cells")
 
 
 if __name__ == "__main__":

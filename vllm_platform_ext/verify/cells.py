@@ -478,10 +478,16 @@ def main(argv=None) -> int:
         results = run_cells(cells, Path(tmp), settings_for(a.suite, a.parallel, a.memory), a.parallel, dims=dims,
                             timeout=a.timeout, log=log, log_dir=out / "engine-logs", engine_env=engine_env,
                             plugins_off=a.plugins_off)
+    return report(results, out, "cells: {n} run")
+
+
+def report(results: list[CellResult], out: Path, what: str) -> int:
+    """Write results.json / results.md into ``out``, print the table and a summary line; the exit
+    status: 1 when a cell fails (plugin, harness or kit)."""
     jp, mp = write_results(results, out)
     print(mp.read_text())
     bad = [r.id for r in results if r.status in ("fail", "harness-error", "kit-error")]
-    print(f"cells: {len(results)} run, {len(bad)} failing (plugin, harness or kit){': ' + ', '.join(bad) if bad else ''}")
+    print(f"{what.format(n=len(results))}, {len(bad)} failing (plugin, harness or kit){': ' + ', '.join(bad) if bad else ''}")
     return 1 if bad else 0
 
 
