@@ -20,7 +20,9 @@ backend gets the same wrapper where vLLM selects it (:func:`backend_patches`, la
 """
 from __future__ import annotations
 
+import ast
 import contextvars
+import functools
 import importlib
 import importlib.util
 import inspect
@@ -71,26 +73,37 @@ def runner_passes_auto(source: str) -> bool:
     return "KVQuantMode.NONE" in source and '"auto"' in source and "TQFullAttentionSpec" not in source
 
 
+@functools.lru_cache(maxsize=None)
+def runner_method_source(module: str = RUNNER) -> str | None:
+    """The source text of ``GPUModelRunner._reshape_kv_cache_tensors`` as the installed file has it
+    (read, not imported: bootstrap runs in every vLLM process, and a patched method would show our
+    wrapper), or None where the file or the method is missing."""
+    try:
+        spec = importlib.util.find_spec(module)
+    except (ImportError, ValueError):
+        return None
+    if spec is None or not spec.origin or not spec.origin.endswith(".py"):
+        return None
+    text = open(spec.origin, encoding="utf-8").read()
+    for node in ast.parse(text).body:
+        if isinstance(node, ast.ClassDef) and node.name == "GPUModelRunner":
+            for f in node.body:
+                if isinstance(f, ast.FunctionDef) and f.name == "_reshape_kv_cache_tensors":
+                    return ast.get_source_segment(text, f)
+    return None
+
+
 def needed() -> str | None:
     """None when the running line needs the group, else why not."""
     try:
-        found = all(importlib.util.find_spec(m) is not None for m in (MOD, RUNNER))
+        found = importlib.util.find_spec(MOD) is not None
     except (ImportError, ValueError):
         found = False
     if not found:
-        return f"this vLLM has no TurboQuant backend or V1 GPU runner ({MOD}, {RUNNER})"
-    from vllm_platform_ext import patching
-
-    runner = importlib.import_module(RUNNER).GPUModelRunner
-    fn = getattr(runner, "_reshape_kv_cache_tensors", None)
-    if fn is None:
-        return "not needed: this runner has no _reshape_kv_cache_tensors"
-    if patching.is_patched(RESHAPE):  # asked again once applied (a vendor's backend copy landing): vLLM's own
-        fn = patching.original(RESHAPE)
-    try:
-        source = inspect.getsource(fn)
-    except (OSError, TypeError) as exc:
-        return f"cannot read the runner's _reshape_kv_cache_tensors: {exc}"
+        return f"this vLLM has no TurboQuant backend ({MOD})"
+    source = runner_method_source()
+    if source is None:
+        return f"not needed: no GPUModelRunner._reshape_kv_cache_tensors in {RUNNER}"
     if not runner_passes_auto(source):
         return "not needed: this line's V1 runner hands TurboQuant layers their TurboQuant dtype"
     return None
