@@ -414,7 +414,9 @@ def test_metax_standin_suite_and_the_plugin_off_cell_keeps_vllm_metax(tmp_path, 
     assert refs and all(r.get("PYTHONPATH") != "/standin/stubs" for r in refs)  # the reference never gets it
     res = {r["id"]: r for r in json.loads((out / "results.json").read_text())}
     assert res["qwen3_next-mtp3-k8v4-full_and_piecewise-on"]["status"] == "pass"
-    assert (out / "progress.log").read_text().count("[cells]") == 4
+    progress = (out / "progress.log").read_text()
+    assert progress.count("[cells] qwen3_next-") == 4 and "[cells] reference audit of qwen3_next" in progress
+    assert (out / "engine-logs" / "runs.json").is_file()  # the tokens, for verify/cell_replay.py
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps({"A": 1}))
     with pytest.raises(SystemExit):
