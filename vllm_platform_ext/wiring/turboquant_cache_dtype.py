@@ -25,7 +25,6 @@ import contextvars
 import functools
 import importlib
 import importlib.util
-import inspect
 
 from vllm_platform_ext.patching import Patch, PatchGroup
 
@@ -78,13 +77,12 @@ def runner_method_source(module: str = RUNNER) -> str | None:
     """The source text of ``GPUModelRunner._reshape_kv_cache_tensors`` as the installed file has it
     (read, not imported: bootstrap runs in every vLLM process, and a patched method would show our
     wrapper), or None where the file or the method is missing."""
-    try:
-        spec = importlib.util.find_spec(module)
-    except (ImportError, ValueError):
+    from vllm_platform_ext.wiring.gdn_cuda import _safe, _source  # the GDN probe's file reader
+
+    found = _safe(_source, module)
+    if found is None:
         return None
-    if spec is None or not spec.origin or not spec.origin.endswith(".py"):
-        return None
-    text = open(spec.origin, encoding="utf-8").read()
+    text = found[1]
     for node in ast.parse(text).body:
         if isinstance(node, ast.ClassDef) and node.name == "GPUModelRunner":
             for f in node.body:
@@ -112,11 +110,9 @@ def needed() -> str | None:
 def backend_patches(backend: type) -> list[Patch]:
     """The shape wrapper for a TurboQuant backend class (upstream's or a vendor's copy), where the
     line needs it and the class has not got it yet."""
-    from vllm_platform_ext.patching import MARK
+    from vllm_platform_ext.wiring.turboquant import _ours
 
-    raw = inspect.getattr_static(backend, "get_kv_cache_shape", None)
-    fn = getattr(raw, "__func__", raw)
-    if fn is None or getattr(fn, MARK, None) == NAME or needed() is not None:
+    if not hasattr(backend, "get_kv_cache_shape") or _ours(backend, "get_kv_cache_shape", NAME) or needed() is not None:
         return []
     return [Patch(f"{backend.__module__}:{backend.__qualname__}.get_kv_cache_shape", _shape_factory)]
 
