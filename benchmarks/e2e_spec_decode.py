@@ -228,7 +228,8 @@ def worker(job_path: str, out_path: str) -> int:
     settings = EngineSettings(max_tokens=job["max_tokens"], max_num_seqs=max(max(b for b, _ in pairs), 1),
                               max_num_batched_tokens=job["max_num_batched_tokens"],
                               max_model_len=max(c for _, c in pairs) + job["max_tokens"] + 8,
-                              gpu_memory_utilization=job["gpu_memory_utilization"], warmup_runs=1)
+                              gpu_memory_utilization=job["gpu_memory_utilization"], warmup_runs=1,
+                              kv_cache_memory_bytes=job.get("kv_cache_memory_bytes", 0))
     extra = {"async_scheduling": False}
     if job["dummy"]:
         extra.update(load_format="dummy", skip_tokenizer_init=True)
@@ -266,6 +267,7 @@ def run_setup(model: Path, setup: Setup, pairs: list[tuple[int, int]], a, timeou
     job = {"model": str(model), "setup": asdict(setup), "pairs": [list(p) for p in pairs], "tp": a.tp,
            "max_tokens": a.max_tokens, "max_num_batched_tokens": a.max_num_batched_tokens,
            "gpu_memory_utilization": a.gpu_memory_utilization, "dummy": a.model != "tiny",
+           "kv_cache_memory_bytes": a.kv_cache_memory_bytes,
            "vocab": 256 if a.model == "tiny" else 248320}
     if a.profile:  # one step of the class the setup runs most: verify with speculation, plain without
         job["profile"] = "verify" if setup.mode != "base" else "plain"
@@ -473,6 +475,9 @@ def main(argv=None) -> int:
     ap.add_argument("--max-tokens", type=int, default=256)
     ap.add_argument("--max-num-batched-tokens", type=int, default=8192)
     ap.add_argument("--gpu-memory-utilization", type=float, default=0.85)
+    ap.add_argument("--kv-cache-memory-bytes", type=int, default=0,
+                    help="the KV cache in bytes (vLLM skips its memory profiling, so the engine can start beside "
+                         "other engines on its GPUs); KV capacity then compares tokens per byte, not per GPU")
     ap.add_argument("--tp", type=int, default=1, help="tensor_parallel_size (2: a 2-GPU machine)")
     ap.add_argument("--profile", action="store_true",
                     help="also write a torch.profiler trace + op table of one verify (or plain) step per run "
