@@ -52,6 +52,6 @@ case "${1:-install}" in
     "$PY" tools/vllm_lines.py deps >/dev/null
     "$PY" tools/vllm_lines.py triton >/dev/null
     [ $# -gt 0 ] || set -- tests
-    "$PY" -m pytest -q -rs -m "not gpu" "$@" ;;
+    "$PY" -m pytest -q -rs --durations=30 -m "not gpu" "$@" ;;
   *) echo "usage: $0 [install|verify|test]" >&2; exit 2 ;;
 esac

@@ -38,7 +38,7 @@ def test_write_result_writes_markdown_and_json_of_the_same_run(tmp_path):
     md = BC.write_result(tmp_path / "sub" / "res.md", "Title", head, "| a |\n|---|\n| 1 |\n", {"rows": [{"a": 1}]})
     text = md.read_text()
     assert text.startswith("# Title\n\n- date: ")
-    assert "- device: NVIDIA H200" in text and "    python benchmarks/x.py" in text and text.endswith("| 1 |\n")
+    assert "- device: NVIDIA H200" in text and "    python benchmarks/x.py" in text and "- command: `python benchmarks/x.py" in text and text.endswith("| 1 |\n")
     data = json.loads(md.with_suffix(".json").read_text())
     assert data["header"] == json.loads(json.dumps(head)) and data["data"] == {"rows": [{"a": 1}]}
 

