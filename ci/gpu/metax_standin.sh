@@ -17,12 +17,14 @@
 #             _C_cache_ops, _moe_C ops the mcoplib._C/_moe_C stubs stand for (shim 1)
 #   smoke     the stand-in env: vLLM-metax's platform active, our register() None, both plugins' hooks,
 #             the GPU stubs in place, no flashinfer stub, CudaRTLibrary on cuda* names (shims 1, 4, 5)
-#   fa-check  the flash_attn forward on vLLM's FA2 against float32: varlen, paged, with_kvcache (shim 2)
+#   fa-check  the flash_attn forward on vLLM's FA2 against float32: varlen, paged, with_kvcache with K+1 and
+#             with one query token (shim 2); runs before the cells start, so that the FA2 modules the engines
+#             reach are compiled once, here, into the JIT cache
 #   doctor    `vllm-platform-ext doctor` in the stand-in env
 #   cells     python -m vllm_platform_ext.verify.cells --suite metax-standin: Qwen3-Next MTP k=3 on
 #             turboquant_k8v4 (FULL_AND_PIECEWISE, plugin on), its floors (plain decoding on k8v4, MTP k=3
 #             on KV auto) and the k8v4 cell with only our plugin off; results.json / results.md,
-#             progress.log, engine-logs/ in OUT. It starts right after prepare, beside the four checks.
+#             progress.log, engine-logs/ in OUT. It starts after fa-check, beside the other checks.
 set -uo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 project="$(cd "$here/../.." && pwd)"
@@ -85,6 +87,10 @@ if [ ! -f "$root/env.sh" ]; then
   if want premise; then steps="premise"; else steps=""; fi
 fi
 
+# fa-check first, in the foreground: besides checking the forwards it compiles the FA2 modules the
+# engines need (vLLM 0.26's FA2 has no Hopper code: the driver JIT-compiles its PTX on first use, minutes a
+# module; the cache, CUDA_CACHE_MAXSIZE in the stand-in's env, then serves every engine)
+want fa-check && step fa-check 600 "${standin[@]}" "$py" "$fx" fa-check
 cells_pid=""
 if want cells; then  # in the background: the engines' start-up (~4 min) overlaps the checks below
   ref="${VPE_REFERENCE_PYTHON:-}"
@@ -104,7 +110,6 @@ if want cells; then  # in the background: the engines' start-up (~4 min) overlap
 fi
 want premise && step premise 300 "$py" "$fx" premise
 want smoke && step smoke 420 "${standin[@]}" "$py" "$fx" smoke
-want fa-check && step fa-check 300 "${standin[@]}" "$py" "$fx" fa-check
 want doctor && step doctor 300 "${standin[@]}" "$py" -m vllm_platform_ext.cli doctor
 
 if [ -n "$cells_pid" ]; then
