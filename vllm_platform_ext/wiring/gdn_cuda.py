@@ -55,6 +55,7 @@ import re
 from typing import Any, Callable
 
 from vllm_platform_ext.patching import Patch, PatchGroup
+from vllm_platform_ext.wiring.sources import module_source, read_safely
 
 BUILDER_MODULE = "vllm.v1.attention.backends.gdn_attn"
 RUNNER_MODULE = "vllm.v1.worker.gpu_model_runner"
@@ -102,14 +103,6 @@ _LAYER_METADATA: contextvars.ContextVar = contextvars.ContextVar("gdn_cuda_layer
 CAPTURE = "cudagraph-capture"
 
 
-def _source(module: str) -> tuple[str, str] | None:
-    spec = importlib.util.find_spec(module)
-    if spec is None or not spec.origin or not spec.origin.endswith(".py"):
-        return None
-    with open(spec.origin, encoding="utf-8") as f:
-        return spec.origin, f.read()
-
-
 def _line_of(text: str, m: re.Match) -> int:
     return text.count("\n", 0, m.start()) + 1
 
@@ -135,7 +128,7 @@ def targets() -> tuple[str, str, str, str]:
             f"{module}:fused_sigmoid_gating_delta_rule_update")
 
 
-def probe(sources: Callable[[str], tuple[str, str] | None] = _source) -> dict[str, Any]:
+def probe(sources: Callable[[str], tuple[str, str] | None] = module_source) -> dict[str, Any]:
     """What the installed vLLM does with zero-draft decode rows (reads sources, imports nothing).
 
     Each key holds ``path:line`` of the code found, or None. ``sources`` maps a module name to
@@ -154,24 +147,17 @@ def probe(sources: Callable[[str], tuple[str, str] | None] = _source) -> dict[st
     }
     out: dict[str, Any] = dict.fromkeys(checks)
     texts: dict[str, tuple[str, str] | None] = {}
-    layer_module = layer_location(lambda mod: _safe(sources, mod) is not None)[0]
+    layer_module = layer_location(lambda mod: read_safely(sources, mod) is not None)[0]
     for key, (module, pattern) in checks.items():
         module = layer_module if module == LAYER_MODULE else module
         if module not in texts:
-            texts[module] = _safe(sources, module)
+            texts[module] = read_safely(sources, module)
         src = texts[module]
         if src:
             m = pattern.search(src[1])
             if m:
                 out[key] = f"{src[0]}:{_line_of(src[1], m)}"
     return out
-
-
-def _safe(sources, module):
-    try:
-        return sources(module)
-    except (ImportError, ValueError, OSError):
-        return None
 
 
 def skip_reason(p: dict[str, Any] | None = None) -> str | None:

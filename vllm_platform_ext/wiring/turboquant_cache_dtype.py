@@ -27,6 +27,7 @@ import importlib
 import importlib.util
 
 from vllm_platform_ext.patching import Patch, PatchGroup
+from vllm_platform_ext.wiring.sources import module_source, read_safely
 
 NAME = "turboquant.v1_runner_cache_dtype"
 MOD = "vllm.v1.attention.backends.turboquant_attn"
@@ -77,9 +78,7 @@ def runner_method_source(module: str = RUNNER) -> str | None:
     """The source text of ``GPUModelRunner._reshape_kv_cache_tensors`` as the installed file has it
     (read, not imported: bootstrap runs in every vLLM process, and a patched method would show our
     wrapper), or None where the file or the method is missing."""
-    from vllm_platform_ext.wiring.gdn_cuda import _safe, _source  # the GDN probe's file reader
-
-    found = _safe(_source, module)
+    found = read_safely(module_source, module)
     if found is None:
         return None
     text = found[1]
