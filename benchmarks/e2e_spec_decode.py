@@ -308,6 +308,13 @@ def summarize(setup: Setup, batch: int, context: int, res: dict) -> dict:
             "device": run["engine_path"].get("device") or run["engine_path"].get("cpu_path")}
     if steps.get("profiled"):
         row["profile"] = steps["profiled"]
+    return with_derived_tok_s(row)
+
+
+def with_derived_tok_s(row: dict) -> dict:
+    """``row`` with tokens/s derived from its median step: ``batch x tokens_per_step / verify step``
+    for each stated tokens per verify step, else ``batch / plain step``."""
+    batch = row["batch"]
     if row["verify_ms"]:
         row["derived_tok_s"] = {str(t): batch * t / (row["verify_ms"] / 1e3) for t in TOKENS_PER_VERIFY_STEP}
     elif row["plain_ms"]:
@@ -519,18 +526,15 @@ def merge_rounds(rows: list[dict]) -> list[dict]:
         if len(rs) == 1 or not ok:
             out.append(rs[0])
             continue
-        med = lambda f: statistics.median(v for v in (r.get(f) for r in ok) if v is not None) \
-            if any(r.get(f) is not None for r in ok) else None  # noqa: E731
-        row = dict(ok[0]) | {f: med(f) for f in ("verify_ms", "plain_ms", "measured_tok_s")}
+        def median(field):
+            values = [r[field] for r in ok if r.get(field) is not None]
+            return statistics.median(values) if values else None
+
+        row = dict(ok[0]) | {f: median(f) for f in ("verify_ms", "plain_ms", "measured_tok_s")}
         row["rounds"] = [{"round": r.get("round"), "verify_ms": r.get("verify_ms"), "plain_ms": r.get("plain_ms"),
                           "load_1m": r.get("load_1m"), **({"error": r["error"][:120]} if "error" in r else {})}
                          for r in rs]
-        batch = row["batch"]
-        if row["verify_ms"]:
-            row["derived_tok_s"] = {str(t): batch * t / (row["verify_ms"] / 1e3) for t in TOKENS_PER_VERIFY_STEP}
-        elif row["plain_ms"]:
-            row["derived_tok_s"] = {"1.0": batch / (row["plain_ms"] / 1e3)}
-        out.append(row)
+        out.append(with_derived_tok_s(row))
     return out
 
 

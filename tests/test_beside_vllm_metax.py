@@ -97,9 +97,9 @@ def turboquant():
         backend = selector.resolve_obj_by_qualname(AttentionBackendEnum.TURBOQUANT.get_path())
         impl, builder = backend.get_impl_cls(), backend.get_builder_cls()
         out[when] = {"backend": qual(backend),
-                     "patched": [a for k, a, _ in tq._FACTORIES if tq._ours(impl if k == "impl" else builder, a)],
+                     "patched": [a for k, a, _ in tq._FACTORIES if patching.carries(impl if k == "impl" else builder, a, tq.NAME)],
                      "forward_is_ours": patching.is_patched(f"{impl.__module__}:{impl.__qualname__}.forward"),
-                     "shape_is_ours": tq._ours(backend, "get_kv_cache_shape", "turboquant.v1_runner_cache_dtype")}
+                     "shape_is_ours": patching.carries(backend, "get_kv_cache_shape", "turboquant.v1_runner_cache_dtype")}
     cg = getattr(builder, "_cudagraph_support", None)
     out["declared_cudagraph_support"] = getattr(cg, "name", str(cg))
     return out

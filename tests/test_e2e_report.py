@@ -6,6 +6,7 @@ GPU machine); the last test runs the script end to end in the CPU engine: step t
 classes, acceptance, KV capacity, a profiled verify step."""
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import struct
@@ -230,7 +231,7 @@ def test_kv_cache_memory_bytes_reaches_the_engine_settings(tmp_path, monkeypatch
         raise SystemExit("stop after the job is written")
 
     monkeypatch.setattr(subproc, "run_group", fake_run_group)
-    a = E.main.__globals__["argparse"].Namespace(
+    a = argparse.Namespace(
         tp=2, max_tokens=16, max_num_batched_tokens=256, gpu_memory_utilization=0.3, model="qwen36_a3b",
         kv_cache_memory_bytes=8 << 30, profile=False, out=str(tmp_path), timeout=10)
     with pytest.raises(SystemExit):

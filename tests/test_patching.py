@@ -197,3 +197,17 @@ def test_add_missing_adds_then_restore_removes():
             patching.apply("add3", [Patch(f"{mod.__name__}:Nobody.field", lambda orig: 2, add_missing=True)])
     finally:
         del sys.modules[mod.__name__]
+
+
+def test_carries_names_the_group_whose_replacement_a_class_holds():
+    """``carries``: how a group landing on several classes skips one it already reached; it sees
+    through staticmethod/classmethod and inheritance, and names only the group that patched."""
+    assert not patching.carries(Target, "hello", "g")
+    patching.apply("g", [Patch(T + ".hello", lambda o: lambda self: "x"), Patch(T + ".stat", lambda o: o),
+                         Patch(T + ".klass", lambda o: o)])
+    assert all(patching.carries(Target, a, "g") for a in ("hello", "stat", "klass"))
+    assert not patching.carries(Target, "hello", "other") and not patching.carries(Target, "greet", "g")
+    sub = type("Sub", (Target,), {})
+    assert patching.carries(sub, "hello", "g") and not patching.carries(sub, "absent", "g")
+    patching.restore("g")
+    assert not patching.carries(Target, "hello", "g")

@@ -84,9 +84,8 @@ def fix_targets() -> list[list[str]]:
         from vllm.v1.attention.backends.registry import AttentionBackendEnum
         from vllm.utils.import_utils import resolve_obj_by_qualname
 
-        from vllm_platform_ext.wiring import turboquant
-
-        from vllm_platform_ext.wiring import turboquant_layout
+        from vllm_platform_ext import patching
+        from vllm_platform_ext.wiring import turboquant, turboquant_layout
 
         backend = resolve_obj_by_qualname(AttentionBackendEnum.TURBOQUANT.get_path())
         done = not turboquant.backend_patches(backend)
@@ -100,7 +99,7 @@ def fix_targets() -> list[list[str]]:
 
         builder = backend.get_builder_cls()
         state = ("not needed (the builder reserves its workspace)" if not ws.needed(builder) else
-                 "patched" if turboquant._ours(builder, "__init__", ws.NAME) else "not patched (group skipped or disabled)")
+                 "patched" if patching.carries(builder, "__init__", ws.NAME) else "not patched (group skipped or disabled)")
         rows.append([ws.NAME, f"{builder.__module__}.{builder.__qualname__}", state])
     except Exception as exc:
         rows.append(["turboquant_spec_verify", "-", f"unavailable: {type(exc).__name__}: {exc}"])

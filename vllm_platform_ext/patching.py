@@ -144,6 +144,15 @@ def _mark(obj: Any, group: str) -> None:
         pass
 
 
+def carries(cls: type, attr: str, group: str) -> bool:
+    """``cls.attr`` (own or inherited, read without binding) is already ``group``'s replacement:
+    how a group that lands on several classes (vendor copies of a backend) skips one it reached."""
+    import inspect
+
+    raw = inspect.getattr_static(cls, attr, None)
+    return getattr(getattr(raw, "__func__", raw), MARK, None) == group
+
+
 def apply(group: str, patches: Sequence[Patch]) -> list[str]:
     """Apply ``patches`` as one unit named ``group``; return the patched targets."""
     plan = []

@@ -296,15 +296,6 @@ _FACTORIES = (("builder", "build", _build_factory), ("builder", "get_cudagraph_s
               ("impl", "__init__", _init_factory), ("impl", "forward", _forward_factory))
 
 
-def _ours(cls: type, attr: str, group: str = NAME) -> bool:
-    """``cls.attr`` (own or inherited) is already ``group``'s replacement."""
-    import inspect
-
-    raw = inspect.getattr_static(cls, attr, None)
-    fn = getattr(raw, "__func__", raw)
-    return getattr(fn, patching.MARK, None) == group
-
-
 def backend_patches(backend: type) -> list[Patch]:
     """The group's patches for a TurboQuant attention backend class: its metadata builder's
     ``build`` / ``get_cudagraph_support`` and its impl's ``__init__`` / ``forward`` -- upstream's,
@@ -312,7 +303,7 @@ def backend_patches(backend: type) -> list[Patch]:
     from an already patched class are left alone."""
     classes = {"impl": backend.get_impl_cls(), "builder": backend.get_builder_cls()}
     return [Patch(f"{classes[kind].__module__}:{classes[kind].__qualname__}.{attr}", factory)
-            for kind, attr, factory in _FACTORIES if not _ours(classes[kind], attr)]
+            for kind, attr, factory in _FACTORIES if not patching.carries(classes[kind], attr, NAME)]
 
 
 def landing_patches(backend: type) -> list[tuple[str, list[Patch]]]:
@@ -322,7 +313,7 @@ def landing_patches(backend: type) -> list[tuple[str, list[Patch]]]:
     from vllm_platform_ext.wiring import turboquant_cache_dtype as cd
     from vllm_platform_ext.wiring import turboquant_workspace as ws
 
-    reserve = [] if _ours(backend.get_builder_cls(), "__init__", ws.NAME) else ws.backend_patches(backend)
+    reserve = [] if patching.carries(backend.get_builder_cls(), "__init__", ws.NAME) else ws.backend_patches(backend)
     groups = ((NAME, backend_patches(backend)), (ws.NAME, reserve), (cd.NAME, cd.backend_patches(backend)))
     return [(g, p) for g, p in groups if p]
 

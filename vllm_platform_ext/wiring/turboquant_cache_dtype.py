@@ -109,9 +109,10 @@ def needed() -> str | None:
 def backend_patches(backend: type) -> list[Patch]:
     """The shape wrapper for a TurboQuant backend class (upstream's or a vendor's copy), where the
     line needs it and the class has not got it yet."""
-    from vllm_platform_ext.wiring.turboquant import _ours
+    from vllm_platform_ext.patching import carries
 
-    if not hasattr(backend, "get_kv_cache_shape") or _ours(backend, "get_kv_cache_shape", NAME) or needed() is not None:
+    if not hasattr(backend, "get_kv_cache_shape") or carries(backend, "get_kv_cache_shape", NAME) \
+            or needed() is not None:
         return []
     return [Patch(f"{backend.__module__}:{backend.__qualname__}.get_kv_cache_shape", _shape_factory)]
 

@@ -1,6 +1,11 @@
-import sys, types
+"""The attention block size vLLM 0.26 gives the e2e model (Qwen3.6-35B-A3B shape) per configuration:
+0.26's own ``Platform._align_hybrid_block_size`` and Qwen3.5's mamba-state functions on a stand-in
+config (FINDINGS.md, Q1). CPU only: ``.venv/bin/python benchmarks/runs/2026-11-28-e2e-gap/align_block_size.py``
+(0.26's Python from ``.cache/vllm-lines/0.26.0``, which tools/vllm_lines.py extracts)."""
 import os
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..", ".cache", "vllm-lines", "0.26.0"))  # tools/vllm_lines.py extracts it
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..", ".cache", "vllm-lines", "0.26.0"))
 import torch
 from types import SimpleNamespace as NS
 from vllm.platforms.interface import Platform
