@@ -52,6 +52,7 @@ BAD = [
     ({"VLLM_PLATFORM_EXT_DISABLED": "gdn.cpu_spec_decode"}, ["VLLM_PLATFORM_EXT_DISABLED is not a variable",
                                                              f"did you mean {D}"]),
     ({switches.FORCED_CPU_PATH: "avx9"}, [switches.FORCED_CPU_PATH, "avx512bf16|no-avx512bf16"]),
+    ({switches.TQ_VERIFY_ROUTE: "rows"}, [switches.TQ_VERIFY_ROUTE, "'rows'", "kernel|upstream_rows"]),
 ]
 
 
@@ -71,7 +72,8 @@ def test_each_bad_switch_is_one_clear_problem(env, fragments):
     {}, {D: "gdn.cpu_spec_decode"}, {D: " gdn.cpu_spec_decode , turboquant_spec_verify ,"}, {D: ""},
     {S: "1"}, {S: "off"}, {S: "TRUE"}, {S: ""}, {switches.GDN_VALIDATE: "0"},
     {P: "auto"}, {P: "none"}, {P: " NONE "}, {switches.MXSML_LIB: "/opt/maca/lib/libmxsml.so"},
-    {switches.FORCED_CPU_PATH: "no-avx512bf16"},
+    {switches.FORCED_CPU_PATH: "no-avx512bf16"}, {switches.TQ_VERIFY_ROUTE: "kernel"},
+    {switches.TQ_VERIFY_ROUTE: " UPSTREAM_ROWS "},
 ])
 def test_good_switches_pass(env):
     assert switches.problems(env) == []

@@ -51,6 +51,9 @@ def test_goals_from_one_run():
     t = E.goals(rows)
     g = _by(t, "C vs D tokens/s", 1, 4096)
     assert g["measured"] == pytest.approx(2.0) and g["met"] is True  # 26 / 13 at the same acceptance
+    assert g["target"] == ">= 2.0"  # issue 32: 2.0x at batch 1 (1.5x at batch 8)
+    d19 = [r | {"verify_ms": 24.7} if r["config"] == "D" else r for r in rows]  # 1.9x: met at batch 8, not at 1
+    assert _by(E.goals(d19), "C vs D tokens/s", 1, 4096)["met"] is False
     g = _by(t, "C / B verify step", 1, 4096)
     assert g["measured"] == pytest.approx(13 / 12) and g["met"] is True  # 1.083 <= 1.10
     g = _by(t, "B / B-off verify step (GDN fix cost)", 1, 4096)
@@ -64,6 +67,33 @@ def test_goals_from_one_run():
     g = _by(t, "B / B-off verify step (GDN fix cost)", 32, 32768)
     assert g["met"] is False  # 1.053 > 1.02
     assert not [x for x in t if x["goal"] == "C vs D tokens/s" and x["batch"] == 32]  # batch 1 and 8 only
+
+
+def test_c_against_the_synthetic_row_routing():
+    """R: the plugin's engine with vLLM PR #40914's routing of the verify (same drafts, same
+    acceptance): C's tokens/s over R's is R's verify step over C's, >= 1.1 at 32K; reported
+    without a target below 32K."""
+    rows = [_r("C", 1, 32768, verify_ms=10.0, kv="turboquant_k8v4"), _r("R", 1, 32768, verify_ms=12.0, kv="turboquant_k8v4"),
+            _r("C", 8, 32768, verify_ms=10.0, kv="turboquant_k8v4"), _r("R", 8, 32768, verify_ms=10.5, kv="turboquant_k8v4"),
+            _r("C", 1, 4096, verify_ms=10.0, kv="turboquant_k8v4"), _r("R", 1, 4096, verify_ms=9.0, kv="turboquant_k8v4")]
+    t = E.goals(rows)
+    g = _by(t, "C vs R (PR #40914 routing) tokens/s", 1, 32768)
+    assert g["measured"] == pytest.approx(1.2) and g["target"] == ">= 1.1" and g["met"] is True
+    assert _by(t, "C vs R (PR #40914 routing) tokens/s", 8, 32768)["met"] is False  # 1.05
+    g = _by(t, "C vs R (PR #40914 routing) tokens/s", 1, 4096)
+    assert g["measured"] == pytest.approx(0.9) and g["target"] == "(none below 32K)" and g["met"] is True
+
+
+def test_r_and_d0_setups():
+    """R is C with the route switch in its engine's environment; D0 is upstream TurboQuant without
+    speculation at once (no failed start-ups of the speculative modes first)."""
+    (r,), (d0,), (c,) = E.setups(["R", "D0", "C"], "full_and_piecewise")
+    assert (r.mode, r.k, r.kv, r.plugin) == (c.mode, c.k, c.kv, True)
+    assert dict(r.env) == {"VLLM_PLATFORM_EXT_TQ_VERIFY_ROUTE": "upstream_rows"} and c.env == ()
+    assert (d0.name, d0.mode, d0.kv, d0.plugin) == ("D", "base", "turboquant_k8v4", False)
+    from vllm_platform_ext import switches
+
+    assert switches.problems(dict(r.env)) == []  # a value the plugin accepts
 
 
 def test_kv_capacity_is_judged_against_bf16_with_the_same_speculation():

@@ -26,9 +26,9 @@ LINES = sorted(schemas.TABLE_SOURCES)
 EXPECTED_LAYOUT = {"BNHC": "(blocks, tokens, heads, slot)", "BHNC": "(blocks, heads, tokens, slot)"}
 
 
-def run_child(key: tuple[int, int], plugin_root: str = REPO, op: str = "torch", presets=()) -> dict:
+def run_child(key: tuple[int, int], plugin_root: str = REPO, op: str = "torch", presets=(), route: str = "") -> dict:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([line_source(key), plugin_root]), VLLM_PLUGINS="",
-               TRITON_INTERPRET="1", CONTRACT_OP=op)
+               TRITON_INTERPRET="1", CONTRACT_OP=op, CONTRACT_ROUTE=route)
     proc = subprocess.run([sys.executable, CHILD, *presets], capture_output=True, text=True, env=env, timeout=900,
                           cwd=REPO)
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
@@ -71,4 +71,23 @@ def test_triton_kernel_in_the_lines_own_cache(key):
         assert "error" not in p, f"{p['preset']}: {p['error']}\n{p.get('trace')}"
         assert max(p["store_rel_err"]) < 0.25 and p["inference_tensors"], p
         assert p["max_abs_err"] < 2e-3, p  # fp16 operands in the kernel's dots
+        assert p["rows_past_end_untouched"], p
+
+
+@pytest.mark.parametrize("key", [(0, 23), (0, 26)], ids=["0.23", "0.26"])
+def test_synthetic_row_route_runs_the_lines_decode_kernel(key):
+    """Benchmark configuration R (``VLLM_PLATFORM_EXT_TQ_VERIFY_ROUTE=upstream_rows``, vLLM PR
+    #40914's routing): a uniform K+1 batch goes through the line's own single-token decode kernel
+    (Triton interpreter) on B x (K+1) synthetic rows -- one call, every row -- and matches float64
+    causal attention like the K+1 kernel; the mixed batch keeps the plugin's one-row-per-token op.
+    On 0.26 (head-major cache) the kernel must get the probed op view, not vLLM's tensor: handed
+    the raw cache, the interpreter crashed (block size read as the head count)."""
+    res = run_child(key, presets=("turboquant_k8v4", "turboquant_4bit_nc"), route="upstream_rows")
+    assert "error" not in res, f"{res.get('error')}\n{res.get('trace')}"
+    assert len(res["presets"]) == 4
+    for p in res["presets"]:
+        assert "error" not in p, f"{p['preset']}: {p['error']}\n{p.get('trace')}"
+        uniform = p["route"] == "k+1"
+        assert p["upstream_rows_calls"] == (1 if uniform else 0), p
+        assert p["max_abs_err"] < 1e-4, p
         assert p["rows_past_end_untouched"], p

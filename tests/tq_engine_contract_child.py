@@ -145,7 +145,9 @@ def run_preset(tq, preset: str, qlens: tuple[int, ...] = (K1,) * len(SEQ)) -> di
         md.verify_rows = None if md.verify_k1 else wiring.verify_rows(cam, K1 - 1, torch.device("cpu"))
         out["route"] = "k+1" if md.verify_k1 else ("rows" if md.verify_rows is not None else "vllm")
         output = torch.full((ntok + 3, HQ * D), 7.0)
+        calls = len(UPSTREAM_ROWS_CALLS)
         res = impl.forward(layer, q, None, None, cache, md, output=output)
+        out["upstream_rows_calls"] = len(UPSTREAM_ROWS_CALLS) - calls
         out["inference_tensors"] = bool(cache.is_inference() and layer._tq_centroids.is_inference())
     # expected: float64 causal attention over the dequantized K/V of each request
     qd = q.view(ntok, HQ, D).double()
@@ -163,6 +165,24 @@ def run_preset(tq, preset: str, qlens: tuple[int, ...] = (K1,) * len(SEQ)) -> di
     out["max_abs_err"] = float((got - exp).abs().max())
     out["rows_past_end_untouched"] = bool((output[ntok:] == 7.0).all())
     return out
+
+
+UPSTREAM_ROWS_CALLS: list[int] = []  # rows of each call of the line's decode kernel by the synthetic-row route
+
+
+def _count_decode_calls(tq) -> None:
+    """CONTRACT_ROUTE=upstream_rows: the route under test is the synthetic-row one (config R); the
+    line's real decode kernel runs (Triton interpreter), each call's row count recorded."""
+    import vllm.v1.attention.ops.triton_turboquant_decode as dec
+
+    dec._use_fp8_e4b15 = lambda *a, **k: 0  # as for the store: e4nv keys
+    real = tq.triton_turboquant_decode_attention
+
+    def counted(**kw):
+        UPSTREAM_ROWS_CALLS.append(int(kw["query"].shape[0]))
+        return real(**kw)
+
+    tq.triton_turboquant_decode_attention = counted
 
 
 def _real_triton() -> None:
@@ -194,6 +214,9 @@ def main() -> None:
         from vllm_platform_ext.ops.dispatch import REGISTRY
         from vllm_platform_ext.wiring import turboquant as wiring
 
+        if os.environ.get("CONTRACT_ROUTE"):
+            os.environ["VLLM_PLATFORM_EXT_TQ_VERIFY_ROUTE"] = os.environ["CONTRACT_ROUTE"]
+            _count_decode_calls(tq)
         for impl in tq_ops.OPS:
             REGISTRY.register(impl)
         if os.environ.get("CONTRACT_OP") == "triton":  # the Triton kernel (MACA's entry) instead of torch's

@@ -30,6 +30,8 @@ STRICT = "VLLM_PLATFORM_EXT_STRICT"
 DISABLE = "VLLM_PLATFORM_EXT_DISABLE"
 GDN_VALIDATE = "VLLM_PLATFORM_EXT_GDN_VALIDATE"
 FORCED_CPU_PATH = "VLLM_PLATFORM_EXT_FORCED_CPU_PATH"
+TQ_VERIFY_ROUTE = "VLLM_PLATFORM_EXT_TQ_VERIFY_ROUTE"
+TQ_VERIFY_ROUTES = ("kernel", "upstream_rows")
 
 PLATFORM_CHOICES = ("auto", "maca", "none")
 TRUE = ("1", "true", "yes", "on")
@@ -45,6 +47,9 @@ SWITCHES: dict[str, tuple[str, str]] = {
                            "being reported"),
     DISABLE: ("comma list of patch-group names", "skip these patch groups"),
     GDN_VALIDATE: (BOOL_CHOICES, "the GDN ops' host-side metadata checks (default on)"),
+    TQ_VERIFY_ROUTE: ("kernel|upstream_rows", "uniform K+1 TurboQuant verify batches: the plugin's K+1 kernel "
+                                              "(default), or vLLM's decode kernel over B x (K+1) synthetic rows "
+                                              "(vLLM PR #40914's routing; a benchmark baseline, config R)"),
     FORCED_CPU_PATH: ("avx512bf16|no-avx512bf16", "set by verify's force_no_avx512bf16 sitecustomize; not "
                                                   "for users"),
 }
@@ -150,11 +155,20 @@ def problems(env: Mapping[str, str] | None = None, check_runtime: bool = True) -
             out.append(f"{name}={raw!r} is not a boolean; valid values: {BOOL_CHOICES}")
     if env.get(DISABLE, "").strip():
         out += disable_problems(env[DISABLE])
+    route = env.get(TQ_VERIFY_ROUTE)
+    if route is not None and route.strip() and route.strip().lower() not in TQ_VERIFY_ROUTES:
+        out.append(f"{TQ_VERIFY_ROUTE}={route!r} is not one of {'|'.join(TQ_VERIFY_ROUTES)}")
     cpu_path = env.get(FORCED_CPU_PATH)
     if cpu_path is not None and cpu_path not in ("avx512bf16", "no-avx512bf16"):
         out.append(f"{FORCED_CPU_PATH}={cpu_path!r} is not avx512bf16|no-avx512bf16 (set by verify's "
                    "force_no_avx512bf16 folder, not by hand)")
     return out
+
+
+def tq_verify_route(env: Mapping[str, str] | None = None) -> str:
+    """``kernel`` (unset, empty or bad: :func:`problems` reports a bad value) or ``upstream_rows``."""
+    raw = (os.environ if env is None else env).get(TQ_VERIFY_ROUTE, "").strip().lower()
+    return raw if raw in TQ_VERIFY_ROUTES else "kernel"
 
 
 def variable_of(problem: str) -> str:

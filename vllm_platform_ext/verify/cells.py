@@ -27,6 +27,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from vllm_platform_ext.verify.audit import MARGIN, passes, reference_audits
+from vllm_platform_ext.verify.cells_report import markdown, write_results  # noqa: F401 (cells.markdown, cells.write_results)
 from vllm_platform_ext.verify.engine import (COMPOSITIONS, EngineConfig, EngineRun, EngineSettings, failed_patches,
                                              run_in_subprocess)
 from vllm_platform_ext.verify.prompts import default_prompts
@@ -151,6 +152,7 @@ class CellResult:
     date: str = ""
     floor_source: str = ""  # "bf16 transformers", or plain decoding's spread over batch compositions
     plain_spread: list = field(default_factory=list)  # bad fractions of plain decoding, one per composition
+    identity: list = field(default_factory=list)  # vs plain decoding on the same KV: verify.identity.compare
 
 
 def versions() -> dict:
@@ -320,6 +322,7 @@ def audit_cells(cells: list[Cell], models: dict, kit_errors: dict, runs: dict, s
             # the same KV preset's plain decoding in this run (TurboQuant quantizes: its own floor)
             floor, source = same.bad_fraction, f"plain decoding on {cell.kv}"
         status, note = judge(cell, run, audit, floor, margin)
+        ident = _identity(cell, runs, audits[cell.model])
         out.append(CellResult(
             cell=asdict(cell), id=cell.id, status=status,
             bad=None if audit is None else audit.bad_fraction, floor=floor,
@@ -328,52 +331,23 @@ def audit_cells(cells: list[Cell], models: dict, kit_errors: dict, runs: dict, s
             generate_s=run.generate_s, error=note if run.error or status == "fail" else "",
             error_tail=run.error[-4000:],
             patches=run.patches, engine_path=run.engine_path, ranks=run.ranks, versions=vers, date=date,
-            floor_source=source, plain_spread=plain))
+            floor_source=source, plain_spread=plain, identity=ident))
     return out
 
 
-def markdown(results: list[CellResult]) -> str:
-    """One row per configuration, plugin on and upstream side by side."""
-    rows: dict[tuple, dict] = {}
-    for r in results:
-        c = dict(r.cell)
-        key = tuple((k, v) for k, v in c.items() if k != "plugin")
-        rows.setdefault(key, {})["on" if c["plugin"] else "off"] = r
-    first = results[0] if results else None
-    lines = []
-    if first:
-        dev = first.engine_path.get("device") or first.engine_path.get("cpu_path", "?")
-        vers = ", ".join(f"{k} {v}" for k, v in first.versions.items())
-        lines += [f"Measured {first.date} on {dev}; {vers}.", ""]
-    lines += ["| model | spec | KV | graphs | platform | with the plugin | bad / floor | accepted | init s | gen s "
-              "| upstream (plugin off) |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+def _identity(cell: Cell, runs: dict, audits: dict) -> list:
+    """A speculative cell's tokens against plain decoding's on the same KV preset, graphs, plugin
+    setting and platform (the auto platform's where the cell's own has no plain run), or []."""
+    from vllm_platform_ext.verify.identity import compare
 
-    def fmt(r):
-        if r is None:
-            return "—"
-        if r.bad is None:
-            return f"{r.status}: {r.error}"
-        return r.status + (f" ({r.error})" if r.error else "")
-
-    for key, pair in rows.items():
-        c = dict(key)
-        on, off = pair.get("on"), pair.get("off")
-        spec = "none" if c["mode"] == "base" else f"{c['mode']} k={c['k']}"
-        ref = on or off
-        bad = "—" if ref.bad is None else f"{ref.bad:.3f} / {ref.floor:.3f}"
-        acc = "—" if c["mode"] == "base" else f"{ref.accepted}/{ref.draft_tokens}"
-        model = c["model"] + (f" (TP={c['tp']})" if c.get("tp", 1) > 1 else "")
-        lines.append(f"| {model} | {spec} | {c['kv']} | {c['graphs']} | {c['platform'] or 'auto'} | "
-                     f"{fmt(on)} | {bad} | {acc} | {ref.init_s:.0f} | {ref.generate_s:.1f} | {fmt(off)} |")
-    return "\n".join(lines) + "\n"
-
-
-def write_results(results: list[CellResult], out_dir: Path) -> tuple[Path, Path]:
-    out_dir.mkdir(parents=True, exist_ok=True)
-    jp, mp = out_dir / "results.json", out_dir / "results.md"
-    jp.write_text(json.dumps([asdict(r) for r in results], indent=1) + "\n")
-    mp.write_text(markdown(results))
-    return jp, mp
+    if cell.mode == "base" or runs[cell].error:
+        return []
+    plain = next((c for c in (replace(cell, mode="base", k=0), replace(cell, mode="base", k=0, platform=""))
+                  if c in runs and not runs[c].error), None)
+    if plain is None:
+        return []
+    a, b = audits.get(cell.id), audits.get(plain.id)
+    return compare(runs[cell].tokens, runs[plain].tokens, getattr(a, "regrets", None), getattr(b, "regrets", None))
 
 
 def _suite_tokens(expr: str) -> list[str]:

@@ -28,7 +28,7 @@ from typing import Any
 import torch
 
 from vllm_platform_ext.ops.turboquant.routing import spec_verify_rows, uniform_verify_width, workspace_rows
-from vllm_platform_ext import patching
+from vllm_platform_ext import patching, switches
 from vllm_platform_ext.patching import Patch, PatchGroup
 from vllm_platform_ext.wiring import turboquant_layout
 
@@ -166,6 +166,12 @@ def verify_forward(impl: Any, layer: Any, query: torch.Tensor, kv_cache: torch.T
         output = torch.zeros(query.shape[0], hq * d, dtype=query.dtype, device=query.device)
     if n <= 0:
         return output.fill_(0)
+    if k1 >= 2 and getattr(impl, "_pe_route", "kernel") == "upstream_rows":  # benchmark config R
+        from vllm_platform_ext.wiring.turboquant_rows import rows_forward
+
+        routed = rows_forward(impl, layer, query, cache, attn_metadata, output, k1)  # the kernel's axes
+        if routed is not None:
+            return routed
     if k1 == 1:  # one decode row per token: each row's own request and causal window
         req, after = attn_metadata.verify_rows
         block_table, seq_lens, b = attn_metadata.block_table[req], attn_metadata.seq_lens[req] - after, n
@@ -209,6 +215,7 @@ def _init_factory(orig):
         self._pe_num_spec = _num_spec_tokens(cfg)
         self._pe_max_num_seqs = int(cfg.scheduler_config.max_num_seqs)
         self._pe_ws_rows = workspace_rows(self._pe_max_num_seqs, self._pe_num_spec)
+        self._pe_route = switches.tq_verify_route()  # "kernel", or "upstream_rows" (benchmark config R)
 
     return __init__
 

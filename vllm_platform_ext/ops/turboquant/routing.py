@@ -69,3 +69,16 @@ def spec_verify_rows(query_lens: Sequence[int], num_actual_tokens: int,
     req = [r for r, q in enumerate(lens) for _ in range(q)]
     after = [q - 1 - t for q in lens for t in range(q)]
     return req, after
+
+
+def synthetic_rows(block_table, seq_lens, num_reqs: int, k1: int):
+    """vLLM PR #40914's routing of a uniform K+1 verify batch: one decode row per query token,
+    ``B x (K+1)`` rows, row ``r*K1 + i`` with request ``r``'s block-table row and length
+    ``seq_lens[r] - K1 + 1 + i`` (its causal window). Torch ops on the given tensors only (no
+    host reads): graph-capturable. Returns ``(block_table_rows, seq_lens_rows)``."""
+    import torch
+
+    offsets = torch.arange(1 - k1, 1, device=seq_lens.device, dtype=seq_lens.dtype)
+    rows_seq = (seq_lens[:num_reqs, None] + offsets).reshape(-1)
+    rows_bt = block_table[:num_reqs].repeat_interleave(k1, dim=0)
+    return rows_bt, rows_seq

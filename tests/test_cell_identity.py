@@ -1,0 +1,73 @@
+"""Token identity of a speculative cell against plain decoding on the same KV preset (issue 32:
+C's tokens against TurboQuant plain decoding, the first differing position per prompt), and the
+float32 gap between the two tokens there, through the cells' own bookkeeping (``audit_cells``)
+with the engine runs and the reference's regrets given.
+
+The fixture's numbers are window 3's (vLLM 0.26.0, H200, 2026-11-28, ``qwen3_next`` MTP k=3 on
+k8v4 against plain decoding on k8v4): prompts 1-4 and 7 part at 26, 11, 9, 5 and 31, 5 and 6 are
+identical; ngram k=3 on the same preset was identical on all seven.
+"""
+from __future__ import annotations
+
+from vllm_platform_ext.verify import cells
+from vllm_platform_ext.verify.audit import AuditResult
+from vllm_platform_ext.verify.engine import EngineRun
+from vllm_platform_ext.verify.identity import compare, first_difference, summary
+
+
+def test_first_difference():
+    assert first_difference([1, 2, 3], [1, 2, 3]) is None
+    assert first_difference([1, 2, 3], [1, 9, 3]) == 1
+    assert first_difference([1, 2], [1, 2, 3]) == 2  # a prefix: it parts where the shorter ends
+    assert first_difference([], []) is None
+
+
+def test_compare_gives_the_gap_of_the_two_tokens_where_they_part():
+    spec, plain = [[1, 2, 3], [4, 5, 6], [7, 8]], [[1, 2, 3], [4, 9, 6], [7, 8]]
+    spec_r = [[0, 0, 0], [0, 0.03, 0], [0, 0]]
+    plain_r = [[0, 0, 0], [0, 0.0, 0.4], [0, 0]]
+    assert compare(spec, plain, spec_r, plain_r) == [None, {"pos": 1, "gap": 0.03}, None]
+    assert compare(spec, plain) == [None, {"pos": 1}, None]  # not audited: no gap
+    assert summary(compare(spec, plain, spec_r, plain_r)) == "2/3 identical; first differences at 1 (gap <= 0.030 nats)"
+    assert summary([None, None]) == "2/2 identical" and summary([]) == "—"
+
+
+def test_audit_cells_reports_identity_against_the_same_presets_plain_run():
+    P = 7
+    base = [[10 + p] * 32 for p in range(P)]
+    spec = [list(t) for t in base]
+    for p, pos in ((0, 26), (1, 11), (2, 9), (3, 5), (6, 31)):
+        spec[p][pos] = 99
+    plain = cells.Cell("qwen3_next", "base", 0, "turboquant_k8v4")
+    mtp = cells.Cell("qwen3_next", "mtp", 3, "turboquant_k8v4")
+    maca = cells.Cell("qwen3_next", "mtp", 3, "turboquant_k8v4", platform="maca")
+    ngram = cells.Cell("qwen3_next", "ngram", 3, "turboquant_k8v4")
+    auto = cells.Cell("qwen3_next", "mtp", 3, "auto")  # no plain run on KV auto: no identity
+    runs = {plain: EngineRun(mode="base", k=0, tokens=base), mtp: EngineRun(mode="mtp", k=3, tokens=spec),
+            maca: EngineRun(mode="mtp", k=3, tokens=spec), ngram: EngineRun(mode="ngram", k=3, tokens=base),
+            auto: EngineRun(mode="mtp", k=3, tokens=base)}
+    zeros = [[0.0] * 32 for _ in range(P)]
+    spec_r = [list(r) for r in zeros]
+    for p, pos in ((0, 26), (1, 11), (2, 9), (3, 5), (6, 31)):
+        spec_r[p][pos] = 0.02 + 0.01 * p  # a near-tie: the other token of the same context
+    audits = {c.id: AuditResult(spec_r if c in (mtp, maca) else zeros) for c in runs}
+
+    def reference(path, prompts, generated, max_tokens, python=None):
+        return AuditResult(zeros), audits
+
+    orig = cells.reference_audits
+    cells.reference_audits = reference
+    try:
+        res = {r.id: r for r in cells.audit_cells(list(runs), {"qwen3_next": "/x"}, {}, runs, {}, [[1]] * P, 32,
+                                                  log=lambda *_: None)}
+    finally:
+        cells.reference_audits = orig
+    want = [{"pos": 26, "gap": 0.02}, {"pos": 11, "gap": 0.03}, {"pos": 9, "gap": 0.04}, {"pos": 5, "gap": 0.05},
+            None, None, {"pos": 31, "gap": 0.08}]
+    assert res[mtp.id].identity == want
+    assert res[maca.id].identity == want  # the MACA cell against the auto platform's plain run
+    assert res[ngram.id].identity == [None] * P
+    assert res[plain.id].identity == [] and res[auto.id].identity == []
+    table = cells.markdown(list(res.values()))
+    assert "2/7 identical; first differences at 26, 11, 9, 5, 31 (gap <= 0.080 nats)" in table
+    assert "7/7 identical" in table

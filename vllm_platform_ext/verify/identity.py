@@ -1,0 +1,54 @@
+"""Token identity of a speculative cell against plain decoding on the same KV preset (issue 32:
+"C's tokens equal those of TurboQuant plain decoding on the audit prompts").
+
+Greedy speculative decoding should reproduce plain decoding token for token; in a real engine it
+may not, because the verify batch has another shape than a decode step (other GEMM tilings, other
+bf16 rounding). Where the two part, the prefix before is identical, so the float32 audit scored
+both tokens at that position on the same context: their log-probability gap (the difference of
+the two regrets) says whether the split was a near-tie (a few hundredths of a nat) or a wrong
+token. Reported per prompt, never judged here: the cells' pass/fail stays the float32 audit.
+"""
+from __future__ import annotations
+
+
+def first_difference(a: list[int], b: list[int]) -> int | None:
+    """The first position where ``a`` and ``b`` differ (the shorter length if one is a prefix of
+    the other), or None when they are equal."""
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+def compare(spec_tokens: list[list[int]], plain_tokens: list[list[int]], spec_regrets: list | None = None,
+            plain_regrets: list | None = None) -> list[dict | None]:
+    """Per prompt: None where the speculative tokens equal plain decoding's, else ``{"pos": i}``
+    plus ``"gap"``, the float32 log-probability gap between the two tokens at ``i`` (when both
+    runs were audited and both hold position ``i``)."""
+    out: list[dict | None] = []
+    for p, (s, q) in enumerate(zip(spec_tokens, plain_tokens)):
+        i = first_difference(s, q)
+        if i is None:
+            out.append(None)
+            continue
+        item: dict = {"pos": i}
+        try:
+            item["gap"] = round(abs(float(spec_regrets[p][i]) - float(plain_regrets[p][i])), 4)
+        except (TypeError, IndexError):
+            pass
+        out.append(item)
+    return out
+
+
+def summary(identity: list) -> str:
+    """``"7/7 identical"`` or ``"2/7 identical; first differences at 26, 11, 9, 5, 31 (gap <= 0.031 nats)"``."""
+    if not identity:
+        return "—"
+    diffs = [d for d in identity if d is not None]
+    text = f"{len(identity) - len(diffs)}/{len(identity)} identical"
+    if diffs:
+        text += "; first differences at " + ", ".join(str(d["pos"]) for d in diffs)
+        gaps = [d["gap"] for d in diffs if "gap" in d]
+        if gaps:
+            text += f" (gap <= {max(gaps):.3f} nats)"
+    return text
