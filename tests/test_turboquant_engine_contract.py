@@ -48,8 +48,8 @@ def test_verify_route_in_the_lines_own_cache(key):
     assert res["vllm"].startswith(f"{key[0]}.{key[1]}.") and res["vllm_file"].startswith(line_source(key))
     assert res["skip_if"] is None
     assert res["probed"].startswith(EXPECTED_LAYOUT[EXPECTED_AXES[key]]), res["probed"]
-    assert [p["preset"] for p in res["presets"]] == [p for p in PRESETS for _ in (0, 1)]
-    assert [p.get("route") for p in res["presets"]] == ["k+1", "rows"] * len(PRESETS)
+    assert [p["preset"] for p in res["presets"]] == [p for p in PRESETS for _ in (0, 1, 2)]
+    assert [p.get("route") for p in res["presets"]] == ["k+1", "rows", "decode"] * len(PRESETS)
     for p in res["presets"]:
         assert "error" not in p, f"{p['preset']}: {p['error']}\n{p.get('trace')}"
         assert p["inference_tensors"], p

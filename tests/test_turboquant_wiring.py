@@ -44,6 +44,23 @@ def test_uniform_verify_width(lens, ntok, maxq, nspec, want):
     assert uniform_verify_width(lens, ntok, maxq, nspec) == want
 
 
+@pytest.mark.parametrize("lens, ntok, maxq, nspec, want", [
+    ([1, 1, 1], 3, 1, 3, 1),  # a uniform single-token decode batch of a speculative engine (the drafter's)
+    ([1, 1, 0], 3, 1, 3, 1),  # with CUDA-graph padding
+    ([1, 1, 1], 3, 1, 0, 0),  # no speculation: vLLM's decode path
+    ([4, 4], 8, 4, 3, 4),  # verify batches as before
+    ([4, 1], 5, 4, 3, 0),  # mixed: the one-row-per-token route, not this one
+    ([1, 1], 3, 1, 3, 0),  # token count does not match
+])
+def test_uniform_width_with_decode(lens, ntok, maxq, nspec, want):
+    assert uniform_verify_width(lens, ntok, maxq, nspec, decode=True) == want
+    from types import SimpleNamespace
+
+    cam = SimpleNamespace(query_start_loc_cpu=torch.tensor([0, *torch.tensor(lens, dtype=torch.long).cumsum(0).tolist()]),
+                          num_actual_tokens=ntok, max_query_len=maxq)
+    assert wiring.verify_width(cam, nspec) == (want if wiring.ROUTE_DECODE else (want if want != 1 else 0))
+
+
 @pytest.mark.parametrize("lens, ntok, nspec, want", [
     ([4, 1, 2], 7, 3, ([0, 0, 0, 0, 1, 2, 2], [3, 2, 1, 0, 0, 1, 0])),  # ngram: full, none, short drafts
     ([1, 3, 0], 4, 3, ([0, 1, 1, 1], [0, 2, 1, 0])),  # a padding request contributes no row
@@ -213,7 +230,7 @@ def test_patched_forward_keeps_vllm_path_for_other_batches(patched, monkeypatch)
     fwd = wiring._forward_factory(spy)
     base = dict(seq_lens=torch.ones(2, dtype=torch.int32), slot_mapping=torch.zeros(6),
                 block_table=torch.zeros(2, 1, dtype=torch.int32), query_start_loc=torch.tensor([0, 4, 6]))
-    for tag in (0, 1, 5, None):  # non-uniform, decode, wider than K+1, untagged metadata
+    for tag in (0, 5, None):  # not uniform, wider than K+1, untagged metadata (1: uniform decode, routed)
         md = tq.TurboQuantMetadata(**base)
         if tag is not None:
             md.verify_k1 = tag
@@ -222,7 +239,7 @@ def test_patched_forward_keeps_vllm_path_for_other_batches(patched, monkeypatch)
     md = tq.TurboQuantMetadata(**base)
     md.verify_k1 = 4
     assert fwd(impl, None, None, None, None, None, md) is sentinel
-    assert len(seen) == 5
+    assert len(seen) == 4
 
 
 # ---------------------------------------------------------------------------------------

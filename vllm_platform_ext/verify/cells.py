@@ -104,6 +104,10 @@ SUITES: dict[str, list[Cell]] = {
            for mode, k in (("base", 0), ("mtp", 3), ("ngram", 3))]
     + [Cell("qwen3_next", "mtp", 3, "turboquant_k8v4", platform="maca")]
     + [Cell("qwen3_next", mode, k, "turboquant_k8v4", plugin=False) for mode, k in (("mtp", 3), ("ngram", 3))],
+    # one preset's plain decoding, MTP k=3 and ngram k=3, and Qwen3.5 dense MTP k=3 (4 engines): a quick
+    # audit of a change to the TurboQuant route inside a short device window
+    "tq-quick": [Cell("qwen3_next", mode, k, "turboquant_k8v4") for mode, k in (("base", 0), ("mtp", 3), ("ngram", 3))]
+    + [Cell("qwen3_5", "mtp", 3, "turboquant_k8v4")],
     # where ngram k=3 on k8v4 goes wrong (H100, 0.23: 17% bad with the route on): the route off
     # (vLLM's own path, workspace reserved), eager, and the MACA stand-in again
     "tq-diag": [Cell("qwen3_next", "ngram", 3, "turboquant_k8v4", disable="turboquant_spec_verify"),

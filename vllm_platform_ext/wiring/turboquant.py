@@ -42,8 +42,16 @@ def _num_spec_tokens(vllm_config: Any) -> int:
     return int(getattr(spec, "num_speculative_tokens", 0) or 0) if spec is not None else 0
 
 
+# Uniform single-token decode batches of a speculative engine go to the op too (k1 = 1): vLLM's
+# decode kernel reads each KV head once per query head with one-warp programs; the op reads it once
+# per GQA group. The drafter runs two such passes a step (MTP k=3), eagerly; at batch 32 and 32K
+# context they made C's step 1.68x B's on vLLM 0.26 (2026-11-28, window 4, H200).
+ROUTE_DECODE = True
+
+
 def verify_width(common_attn_metadata: Any, num_spec_tokens: int) -> int:
-    """K+1 for a uniform verify batch described by vLLM's CommonAttentionMetadata, else 0."""
+    """K+1 for a uniform verify batch described by vLLM's CommonAttentionMetadata, 1 for a uniform
+    single-token decode batch (``ROUTE_DECODE``), else 0."""
     if num_spec_tokens < 1:
         return 0
     qsl = getattr(common_attn_metadata, "query_start_loc_cpu", None)
@@ -51,7 +59,7 @@ def verify_width(common_attn_metadata: Any, num_spec_tokens: int) -> int:
         return 0
     lens = (qsl[1:] - qsl[:-1]).tolist()
     return uniform_verify_width(lens, int(common_attn_metadata.num_actual_tokens),
-                                int(common_attn_metadata.max_query_len), num_spec_tokens)
+                                int(common_attn_metadata.max_query_len), num_spec_tokens, decode=ROUTE_DECODE)
 
 
 def verify_rows(common_attn_metadata: Any, num_spec_tokens: int, device: torch.device):
@@ -81,12 +89,12 @@ def _workspace(impl: Any, device: torch.device):
 
 
 def _route_ok(impl: Any, attn_metadata: Any) -> int:
-    """K+1 for a uniform verify batch, 1 for a tagged non-uniform decode/verify batch (one row per
-    token), 0 to keep vLLM's path."""
+    """K+1 for a uniform verify batch (1: uniform single-token decode), 1 for a tagged non-uniform
+    decode/verify batch (one row per token, ``verify_rows``), 0 to keep vLLM's path."""
     if attn_metadata is None or getattr(impl, "_soa_store", False):
         return 0  # SoA (FlyDSL) caches have another byte layout: keep vLLM's path
     k1 = int(getattr(attn_metadata, "verify_k1", 0) or 0)
-    if 2 <= k1 <= getattr(impl, "_pe_num_spec", 0) + 1:
+    if 1 <= k1 <= getattr(impl, "_pe_num_spec", 0) + 1:
         return k1
     return 1 if getattr(attn_metadata, "verify_rows", None) is not None else 0
 
@@ -172,8 +180,9 @@ def verify_forward(impl: Any, layer: Any, query: torch.Tensor, kv_cache: torch.T
         routed = rows_forward(impl, layer, query, cache, attn_metadata, output, k1)  # the kernel's axes
         if routed is not None:
             return routed
-    if k1 == 1:  # one decode row per token: each row's own request and causal window
-        req, after = attn_metadata.verify_rows
+    rows = getattr(attn_metadata, "verify_rows", None) if k1 == 1 else None
+    if rows is not None:  # one decode row per token: each row's own request and causal window
+        req, after = rows
         block_table, seq_lens, b = attn_metadata.block_table[req], attn_metadata.seq_lens[req] - after, n
     else:
         b = n // k1

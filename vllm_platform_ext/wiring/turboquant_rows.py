@@ -50,5 +50,5 @@ def rows_forward(impl: Any, layer: Any, query: torch.Tensor, kv_cache: torch.Ten
                  value_quant_bits=cfg.effective_value_quant_bits, key_fp8=cfg.key_fp8,
                  norm_correction=cfg.norm_correction, PiT=getattr(layer, "_tq_PiT", None),
                  max_num_kv_splits=impl.max_num_kv_splits)
-    output[:n].copy_(out.reshape(n, hq * d))
+    output[:n].view(n, hq, d).copy_(out.view(n, hq, d))  # vLLM hands a 2-D or a 3-D output view
     return output

@@ -24,8 +24,11 @@ def uniform_verify_width(
     num_actual_tokens: int,
     max_query_len: int,
     num_spec_tokens: int,
+    decode: bool = False,
 ) -> int:
-    """``K+1`` when the batch is a uniform speculative-verify batch, else 0.
+    """``K+1`` when the batch is a uniform speculative-verify batch, else 0; with ``decode``, also
+    1 for a uniform single-token decode batch of a speculative engine (the drafter's passes after
+    its first, a target step whose requests drafted nothing).
 
     Uniform means: speculative decoding is configured (``num_spec_tokens >= 1``); every real
     request has the same query length ``w`` with ``2 <= w <= num_spec_tokens + 1``; only
@@ -37,7 +40,7 @@ def uniform_verify_width(
         return 0
     w = int(max_query_len)
     n = len(query_lens)
-    if n == 0 or w < 2 or w > num_spec_tokens + 1 or num_actual_tokens != n * w:
+    if n == 0 or w < (1 if decode else 2) or w > num_spec_tokens + 1 or num_actual_tokens != n * w:
         return 0
     seen_pad = False
     for q in query_lens:
