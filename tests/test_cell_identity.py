@@ -26,9 +26,11 @@ def test_compare_gives_the_gap_of_the_two_tokens_where_they_part():
     spec, plain = [[1, 2, 3], [4, 5, 6], [7, 8]], [[1, 2, 3], [4, 9, 6], [7, 8]]
     spec_r = [[0, 0, 0], [0, 0.03, 0], [0, 0]]
     plain_r = [[0, 0, 0], [0, 0.0, 0.4], [0, 0]]
-    assert compare(spec, plain, spec_r, plain_r) == [None, {"pos": 1, "gap": 0.03}, None]
+    assert compare(spec, plain, spec_r, plain_r) == [None, {"pos": 1, "gap": 0.03, "spec_regret": 0.03,
+                                                            "plain_regret": 0.0}, None]
     assert compare(spec, plain) == [None, {"pos": 1}, None]  # not audited: no gap
-    assert summary(compare(spec, plain, spec_r, plain_r)) == "2/3 identical; first differences at 1 (gap <= 0.030 nats)"
+    assert summary(compare(spec, plain, spec_r, plain_r)) == \
+        "2/3 identical; first differences at 1 (gap <= 0.030 nats; the speculative token the worse one in 1 of 1)"
     assert summary([None, None]) == "2/2 identical" and summary([]) == "—"
 
 
@@ -62,12 +64,13 @@ def test_audit_cells_reports_identity_against_the_same_presets_plain_run():
                                                   log=lambda *_: None)}
     finally:
         cells.reference_audits = orig
-    want = [{"pos": 26, "gap": 0.02}, {"pos": 11, "gap": 0.03}, {"pos": 9, "gap": 0.04}, {"pos": 5, "gap": 0.05},
-            None, None, {"pos": 31, "gap": 0.08}]
+    want = [{"pos": pos, "gap": g, "spec_regret": g, "plain_regret": 0.0} if pos is not None else None
+            for pos, g in ((26, 0.02), (11, 0.03), (9, 0.04), (5, 0.05), (None, 0), (None, 0), (31, 0.08))]
     assert res[mtp.id].identity == want
     assert res[maca.id].identity == want  # the MACA cell against the auto platform's plain run
     assert res[ngram.id].identity == [None] * P
     assert res[plain.id].identity == [] and res[auto.id].identity == []
     table = cells.markdown(list(res.values()))
-    assert "2/7 identical; first differences at 26, 11, 9, 5, 31 (gap <= 0.080 nats)" in table
+    assert ("2/7 identical; first differences at 26, 11, 9, 5, 31 (gap <= 0.080 nats; the speculative token "
+            "the worse one in 5 of 5)") in table
     assert "7/7 identical" in table

@@ -23,8 +23,9 @@ def first_difference(a: list[int], b: list[int]) -> int | None:
 def compare(spec_tokens: list[list[int]], plain_tokens: list[list[int]], spec_regrets: list | None = None,
             plain_regrets: list | None = None) -> list[dict | None]:
     """Per prompt: None where the speculative tokens equal plain decoding's, else ``{"pos": i}``
-    plus ``"gap"``, the float32 log-probability gap between the two tokens at ``i`` (when both
-    runs were audited and both hold position ``i``)."""
+    plus, when both runs were audited and hold position ``i``, ``"gap"`` (the float32
+    log-probability gap between the two tokens at ``i``) and each token's regret there
+    (``spec_regret``, ``plain_regret``: 0 is float32's argmax)."""
     out: list[dict | None] = []
     for p, (s, q) in enumerate(zip(spec_tokens, plain_tokens)):
         i = first_difference(s, q)
@@ -33,22 +34,27 @@ def compare(spec_tokens: list[list[int]], plain_tokens: list[list[int]], spec_re
             continue
         item: dict = {"pos": i}
         try:
-            item["gap"] = round(abs(float(spec_regrets[p][i]) - float(plain_regrets[p][i])), 4)
+            rs, rp = float(spec_regrets[p][i]), float(plain_regrets[p][i])
         except (TypeError, IndexError):
             pass
+        else:  # the regrets say which of the two tokens float32 prefers there
+            item.update(gap=round(abs(rs - rp), 4), spec_regret=round(rs, 4), plain_regret=round(rp, 4))
         out.append(item)
     return out
 
 
 def summary(identity: list) -> str:
-    """``"7/7 identical"`` or ``"2/7 identical; first differences at 26, 11, 9, 5, 31 (gap <= 0.031 nats)"``."""
+    """``"7/7 identical"`` or ``"2/7 identical; first differences at 26, 11, 9 (gap <= 0.031 nats; the
+    speculative token the worse one in 1 of 3)"``."""
     if not identity:
         return "—"
     diffs = [d for d in identity if d is not None]
     text = f"{len(identity) - len(diffs)}/{len(identity)} identical"
     if diffs:
         text += "; first differences at " + ", ".join(str(d["pos"]) for d in diffs)
-        gaps = [d["gap"] for d in diffs if "gap" in d]
+        gaps = [d for d in diffs if "gap" in d]
         if gaps:
-            text += f" (gap <= {max(gaps):.3f} nats)"
+            worse = sum(d["spec_regret"] > d["plain_regret"] for d in gaps)
+            text += (f" (gap <= {max(d['gap'] for d in gaps):.3f} nats; the speculative token the worse one "
+                     f"in {worse} of {len(gaps)})")
     return text
