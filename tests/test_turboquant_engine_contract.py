@@ -26,9 +26,10 @@ LINES = sorted(schemas.TABLE_SOURCES)
 EXPECTED_LAYOUT = {"BNHC": "(blocks, tokens, heads, slot)", "BHNC": "(blocks, heads, tokens, slot)"}
 
 
-def run_child(key: tuple[int, int], plugin_root: str = REPO, op: str = "torch", presets=(), route: str = "") -> dict:
+def run_child(key: tuple[int, int], plugin_root: str = REPO, op: str = "torch", presets=(), route: str = "",
+              output: str = "3d") -> dict:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([line_source(key), plugin_root]), VLLM_PLUGINS="",
-               TRITON_INTERPRET="1", CONTRACT_OP=op, CONTRACT_ROUTE=route)
+               TRITON_INTERPRET="1", CONTRACT_OP=op, CONTRACT_ROUTE=route, CONTRACT_OUTPUT=output)
     proc = subprocess.run([sys.executable, CHILD, *presets], capture_output=True, text=True, env=env, timeout=900,
                           cwd=REPO)
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
@@ -91,3 +92,13 @@ def test_synthetic_row_route_runs_the_lines_decode_kernel(key):
         assert p["upstream_rows_calls"] == (1 if uniform else 0), p
         assert p["max_abs_err"] < 1e-4, p
         assert p["rows_past_end_untouched"], p
+
+
+@pytest.mark.parametrize("route", ["", "upstream_rows"], ids=["kernel", "upstream_rows"])
+def test_a_flat_output_view_too(route):
+    """vLLM's layer hands a ``[tokens, heads, head_size]`` output view (the other tests); a backend
+    called with a flat ``[tokens, heads x head_size]`` one gets the same rows (0.26, k8v4)."""
+    res = run_child((0, 26), presets=("turboquant_k8v4",), route=route, output="2d")
+    assert "error" not in res, f"{res.get('error')}\n{res.get('trace')}"
+    for p in res["presets"]:
+        assert "error" not in p and p["max_abs_err"] < 1e-4 and p["rows_past_end_untouched"], p

@@ -104,9 +104,12 @@ SUITES: dict[str, list[Cell]] = {
            for mode, k in (("base", 0), ("mtp", 3), ("ngram", 3))]
     + [Cell("qwen3_next", "mtp", 3, "turboquant_k8v4", platform="maca")]
     + [Cell("qwen3_next", mode, k, "turboquant_k8v4", plugin=False) for mode, k in (("mtp", 3), ("ngram", 3))],
-    # one preset's plain decoding, MTP k=3 and ngram k=3, and Qwen3.5 dense MTP k=3 (4 engines): a quick
-    # audit of a change to the TurboQuant route inside a short device window
-    "tq-quick": [Cell("qwen3_next", mode, k, "turboquant_k8v4") for mode, k in (("base", 0), ("mtp", 3), ("ngram", 3))]
+    # one preset's plain decoding, MTP k=3 and ngram k=3, and Qwen3.5 dense MTP k=3: a quick audit of a
+    # change to the TurboQuant route inside a short device window; plus plain and MTP k=3 on KV auto, the
+    # control for token identity (MTP k=3 on k8v4: 2/7 prompts identical with plain decoding, ngram k=3
+    # 7/7: does MTP part from plain decoding on bf16 KV too?)
+    "tq-quick": [Cell("qwen3_next", mode, k, kv) for kv in ("turboquant_k8v4", "auto")
+                 for mode, k in (("base", 0), ("mtp", 3), ("ngram", 3)) if (kv, mode) != ("auto", "ngram")]
     + [Cell("qwen3_5", "mtp", 3, "turboquant_k8v4")],
     # where ngram k=3 on k8v4 goes wrong (H100, 0.23: 17% bad with the route on): the route off
     # (vLLM's own path, workspace reserved), eager, and the MACA stand-in again
@@ -326,7 +329,7 @@ def audit_cells(cells: list[Cell], models: dict, kit_errors: dict, runs: dict, s
             # the same KV preset's plain decoding in this run (TurboQuant quantizes: its own floor)
             floor, source = same.bad_fraction, f"plain decoding on {cell.kv}"
         status, note = judge(cell, run, audit, floor, margin)
-        ident = _identity(cell, runs, audits[cell.model])
+        ident = _identity(cell, runs, spread_runs, audits[cell.model])
         out.append(CellResult(
             cell=asdict(cell), id=cell.id, status=status,
             bad=None if audit is None else audit.bad_fraction, floor=floor,
@@ -339,19 +342,21 @@ def audit_cells(cells: list[Cell], models: dict, kit_errors: dict, runs: dict, s
     return out
 
 
-def _identity(cell: Cell, runs: dict, audits: dict) -> list:
+def _identity(cell: Cell, runs: dict, spread_runs: dict, audits: dict) -> list:
     """A speculative cell's tokens against plain decoding's on the same KV preset, graphs, plugin
-    setting and platform (the auto platform's where the cell's own has no plain run), or []."""
+    setting and platform (the auto platform's where the cell's own has no plain run; a batch-floor
+    family's spread run, its batch composition, where the suite has no plain cell), or []."""
     from vllm_platform_ext.verify.identity import compare
 
     if cell.mode == "base" or runs[cell].error:
         return []
-    plain = next((c for c in (replace(cell, mode="base", k=0), replace(cell, mode="base", k=0, platform=""))
-                  if c in runs and not runs[c].error), None)
-    if plain is None:
-        return []
-    a, b = audits.get(cell.id), audits.get(plain.id)
-    return compare(runs[cell].tokens, runs[plain].tokens, getattr(a, "regrets", None), getattr(b, "regrets", None))
+    for plain in (replace(cell, mode="base", k=0), replace(cell, mode="base", k=0, platform="")):
+        for pool, key in ((runs, plain.id), (spread_runs, f"spread|{plain.id}|batch")):
+            if plain in pool and not pool[plain].error:
+                a, b = audits.get(cell.id), audits.get(key)
+                return compare(runs[cell].tokens, pool[plain].tokens, getattr(a, "regrets", None),
+                               getattr(b, "regrets", None))
+    return []
 
 
 def _suite_tokens(expr: str) -> list[str]:
