@@ -1,6 +1,8 @@
 """Wiring: uniform K+1 speculative-verify batches of vLLM's TurboQuant backend go to the
 ``turboquant.verify_attention`` op (one kernel, graph-capturable), when speculative decoding
-is configured. Every other batch (decode, prefill, mixed, non-uniform) keeps vLLM's path.
+is configured; so do non-uniform batches of decode and verify requests (one row per token) and
+uniform single-token decode batches (the drafter's later passes, ``ROUTE_DECODE``). Every other
+batch (prefill, mixed with prefill) keeps vLLM's path.
 
 Patches (vLLM 0.32 ``vllm.v1.attention.backends.turboquant_attn``):
 
@@ -388,7 +390,9 @@ GROUPS: list[PatchGroup] = [
     PatchGroup(
         name=NAME,
         why="uniform K+1 verify batches on a TurboQuant KV cache: one graph-capturable kernel instead of "
-            "the per-request CPU loop (degenerate output under FULL CUDA graphs, vLLM #40880/#53180)",
+            "the per-request CPU loop (degenerate output under FULL CUDA graphs, vLLM #40880/#53180); the "
+            "speculative engine's single-token decode batches through the same op (vLLM's decode kernel "
+            "made the drafter's passes the cost at batch 32, 32K)",
         build=_build,
         skip_if=_skip_if,
         upstream="vLLM #40880 / #53180, open through vLLM 0.33; the B*(K+1) routing of PR #40914 "
