@@ -41,7 +41,7 @@ def markdown(results: list) -> str:
         model = c["model"] + (f" (TP={c['tp']})" if c.get("tp", 1) > 1 else "")
         lines.append(f"| {model} | {spec} | {c['kv']} | {c['graphs']} | {c['platform'] or 'auto'} | "
                      f"{fmt(on)} | {bad} | {acc} | {ref.init_s:.0f} | {ref.generate_s:.1f} | {fmt(off)} | "
-                     f"{summary(getattr(ref, 'identity', []))} |")
+                     f"{summary(ref.identity)} |")
     return "\n".join(lines) + "\n"
 
 

@@ -176,12 +176,6 @@ def verify_forward(impl: Any, layer: Any, query: torch.Tensor, kv_cache: torch.T
         output = torch.zeros(query.shape[0], hq * d, dtype=query.dtype, device=query.device)
     if n <= 0:
         return output.fill_(0)
-    if k1 >= 2 and getattr(impl, "_pe_route", "kernel") == "upstream_rows":  # benchmark config R
-        from vllm_platform_ext.wiring.turboquant_rows import rows_forward
-
-        routed = rows_forward(impl, layer, query, cache, attn_metadata, output, k1)  # the kernel's axes
-        if routed is not None:
-            return routed
     rows = getattr(attn_metadata, "verify_rows", None) if k1 == 1 else None
     if rows is not None:  # one decode row per token: each row's own request and causal window
         req, after = rows
@@ -195,6 +189,11 @@ def verify_forward(impl: Any, layer: Any, query: torch.Tensor, kv_cache: torch.T
     if reason is not None:
         _report_mismatch(reason)
         return None
+    if k1 >= 2 and getattr(impl, "_pe_route", "kernel") == "upstream_rows":  # benchmark config R
+        from vllm_platform_ext.wiring.turboquant_rows import rows_forward
+
+        if rows_forward(impl, layer, q, cache, block_table, seq_lens, k1, output[:n].view(n, hq, d)):
+            return output
     platform = active_platform()
     op = get_op(OP, platform)
     extra = op_config(OP, platform)

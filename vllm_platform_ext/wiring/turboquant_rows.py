@@ -29,26 +29,24 @@ def decode_kernel(impl: Any):
     return getattr(sys.modules.get(type(impl).__module__), KERNEL, None)
 
 
-def rows_forward(impl: Any, layer: Any, query: torch.Tensor, kv_cache: torch.Tensor, attn_metadata: Any,
-                 output: torch.Tensor, k1: int) -> torch.Tensor | None:
-    """All ``num_actual_tokens`` rows (B x K1) of a uniform verify batch through vLLM's decode
-    kernel on synthetic rows, written into ``output``; None when the impl's module has no such
-    kernel (the caller then keeps its own route). ``kv_cache`` is the cache as the kernel reads
-    it, ``[blocks, block_size, kv_heads, slot]`` (the probed op view: 0.26 stores it head-major
-    and its forward transposes before the kernel)."""
+def rows_forward(impl: Any, layer: Any, q: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor,
+                 seq_lens: torch.Tensor, k1: int, out: torch.Tensor) -> bool:
+    """A uniform verify batch's ``q`` ``[B x K1, Hq, D]`` through vLLM's decode kernel on synthetic
+    rows, written into ``out`` (same shape); False when the impl's module has no such kernel (the
+    caller then keeps its own route). ``block_table`` / ``seq_lens`` are the B requests' rows, checked
+    by the caller (``turboquant.tensor_contract``, after ``_ensure_on_device``); ``kv_cache`` is the
+    cache as the kernel reads it, ``[blocks, block_size, kv_heads, slot]`` (the probed op view: 0.26
+    stores it head-major and its forward transposes before the kernel)."""
     kernel = decode_kernel(impl)
     if kernel is None:
-        return None
-    n = int(attn_metadata.num_actual_tokens)
-    hq, d = impl.num_heads, impl.head_size
-    impl._ensure_on_device(layer, query.device)
-    bt, sl = synthetic_rows(attn_metadata.block_table, attn_metadata.seq_lens, n // k1, k1)
+        return False
+    bt, sl = synthetic_rows(block_table, seq_lens, q.shape[0] // k1, k1)
     cfg = impl.tq_config
-    out = kernel(query=query[:n].view(n, hq, d), kv_cache=kv_cache, block_table=bt, seq_lens=sl,
+    res = kernel(query=q, kv_cache=kv_cache, block_table=bt, seq_lens=sl,
                  Pi=layer._tq_Pi, centroids=layer._tq_centroids, scale=impl.scale,
                  mse_bits=cfg.key_mse_bits, key_packed_size=cfg.key_packed_size,
                  value_quant_bits=cfg.effective_value_quant_bits, key_fp8=cfg.key_fp8,
                  norm_correction=cfg.norm_correction, PiT=getattr(layer, "_tq_PiT", None),
                  max_num_kv_splits=impl.max_num_kv_splits)
-    output[:n].view(n, hq, d).copy_(out.view(n, hq, d))  # vLLM hands a 2-D or a 3-D output view
-    return output
+    out.copy_(res.view(out.shape))
+    return True
