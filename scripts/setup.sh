@@ -33,6 +33,22 @@ install() {
   echo "$want" > "$STAMP"
 }
 
+# Free disk first: a full disk otherwise shows up deep inside pip as "[Errno 28] No space left on
+# device". The figures are what each part took on a fresh clone (2026-11-28): .venv 3.5 GB, and
+# for the tests .venv-old 9.3 GB, .cache/vllm-wheels 1.9 GB, .cache/vllm-lines 2.2 GB.
+need_mb=0
+[ "$(cat "$STAMP" 2>/dev/null)" = "$want" ] || need_mb=$((need_mb + 3600))
+if [ "${1:-install}" = test ]; then
+  [ -f .venv-old/.old-vllm-installed ] || need_mb=$((need_mb + 9500))
+  [ -d .cache/vllm-wheels ] || need_mb=$((need_mb + 1900))
+  [ -d .cache/vllm-lines ] || need_mb=$((need_mb + 2200))
+fi
+have_mb=$(df -Pm . | awk 'NR==2 {print $4}')
+if [ "$need_mb" -gt 0 ] && [ "${have_mb:-0}" -lt "$need_mb" ]; then
+  echo "setup.sh: not enough free disk in $(pwd): ${have_mb} MB free, the install needs about ${need_mb} MB" >&2
+  exit 1
+fi
+
 if [ "$(cat "$STAMP" 2>/dev/null)" != "$want" ]; then install; fi
 
 export VLLM_CPU_KVCACHE_SPACE="${VLLM_CPU_KVCACHE_SPACE:-1}"
