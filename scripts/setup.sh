@@ -36,10 +36,11 @@ install() {
 # Free disk first: a full disk otherwise shows up deep inside pip as "[Errno 28] No space left on
 # device". The figures are what each part took on a fresh clone (2026-11-28): .venv 3.5 GB, and
 # for the tests .venv-old 9.3 GB, .cache/vllm-wheels 1.9 GB, .cache/vllm-lines 2.2 GB.
+installed=0; [ "$(cat "$STAMP" 2>/dev/null)" = "$want" ] && installed=1
 need_mb=0
-[ "$(cat "$STAMP" 2>/dev/null)" = "$want" ] || need_mb=$((need_mb + 3600))
-if [ "${1:-install}" = test ]; then
-  [ -f .venv-old/.old-vllm-installed ] || need_mb=$((need_mb + 9500))
+[ "$installed" = 1 ] || need_mb=$((need_mb + 3600))
+if [ "${1:-install}" = test ]; then  # the old-vLLM venv's stamp: scripts/old_vllm_venv.sh
+  [ -f "${OLD_VLLM_VENV:-.venv-old}/.old-vllm-installed" ] || need_mb=$((need_mb + 9500))
   [ -d .cache/vllm-wheels ] || need_mb=$((need_mb + 1900))
   [ -d .cache/vllm-lines ] || need_mb=$((need_mb + 2200))
 fi
@@ -49,7 +50,7 @@ if [[ "$have_mb" =~ ^[0-9]+$ ]] && [ "$have_mb" -lt "$need_mb" ]; then
   exit 1
 fi
 
-if [ "$(cat "$STAMP" 2>/dev/null)" != "$want" ]; then install; fi
+[ "$installed" = 1 ] || install
 
 export VLLM_CPU_KVCACHE_SPACE="${VLLM_CPU_KVCACHE_SPACE:-1}"
 case "${1:-install}" in

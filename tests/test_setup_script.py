@@ -43,7 +43,6 @@ def test_enough_disk_goes_on_to_the_install(tmp_path):
     assert "install reached" in out.stderr, out.stderr
 
 
-
 def test_a_df_that_answers_nothing_does_not_block_the_install(tmp_path):
     """Free space unknown (df fails, prints no figure): the install goes on as before the check."""
     out = _run(tmp_path, None, "install")
