@@ -115,6 +115,19 @@ def test_script_prepare_writes_the_stand_in(tmp_path):
     assert {k: got.get(k) for k in env} == env
 
 
+def test_fake_card_count_covers_the_physical_ids_vllm_metax_asks_for(tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", str(tmp_path))  # no nvidia-smi: CUDA_VISIBLE_DEVICES alone
+    assert gpu.fake_card_count({}) == 1
+    assert gpu.fake_card_count({"CUDA_VISIBLE_DEVICES": "2"}) == 3
+    assert gpu.fake_card_count({"CUDA_VISIBLE_DEVICES": "0,3"}) == 4
+    assert gpu.fake_card_count({"CUDA_VISIBLE_DEVICES": "GPU-7bc81034"}) == 1
+    assert gpu.fake_card_count({"CUDA_VISIBLE_DEVICES": "40"}) == 16  # the fake's own bound
+    smi = tmp_path / "nvidia-smi"  # a 4-card host, one card visible
+    smi.write_text("#!/bin/sh\n" + "".join(f"echo 'GPU {i}: NVIDIA H200 (UUID: GPU-{i})'\n" for i in range(4)))
+    smi.chmod(0o755)
+    assert gpu.fake_card_count({"CUDA_VISIBLE_DEVICES": "1"}) == 4
+
+
 @needs_metax
 def test_prepare_without_gcc_says_so_and_leaves_mxsml_out(tmp_path, monkeypatch):
     logs = []
@@ -346,7 +359,7 @@ except SystemExit:
 
 
 @needs_metax
-def test_stand_in_env_resolves_vllm_metax_platform_with_the_gpu_stubs(tmp_path):
+def test_stand_in_env_resolves_vllm_metax_platform_with_the_gpu_stubs(tmp_path, monkeypatch):
     lines, tables = load_tool("tools/vllm_lines.py"), load_tool("tools/compat_tables.py")
     missing = lines.deps_missing()
     if missing:
@@ -355,7 +368,12 @@ def test_stand_in_env_resolves_vllm_metax_platform_with_the_gpu_stubs(tmp_path):
     if wheel is None:
         pytest.fail(f"no vllm-0.26.0 wheel in {tables.WHEEL_DIR}: run `python tools/compat_tables.py fetch`")
     line_dir = lines.extract(wheel, "0.26.0")
+    # card 2 of a 4-card host, as window 6 ran it: vLLM-metax asks the fake libmxsml for the physical id
+    # CUDA_VISIBLE_DEVICES names (a one-card fake answered NVMLError_InvalidArgument there)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2")
     env = gpu.prepare(tmp_path / "root", metax_src(), log=lambda s: None)
+    if "VLLM_PLATFORM_EXT_MXSML_LIB" in env:
+        assert int(env["FAKE_MXSML_COUNT"]) >= 3
     env = {**os.environ, **env}
     env["PYTHONPATH"] = os.pathsep.join([env["PYTHONPATH"], str(line_dir), str(lines.DEPS_DIR)])
     code = SMOKE.replace("sys.argv_path", repr(str(Path(REPO) / "tests" / "fixtures" / "metax_standin_gpu.py")))
