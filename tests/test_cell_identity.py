@@ -86,8 +86,58 @@ def test_a_batch_floor_family_is_compared_with_its_spread_run():
     mtp = cells.Cell("qwen3_5_moe", "mtp", 2, "auto", "eager")
     plain = cells.Cell("qwen3_5_moe", "base", 0, "auto", "eager")
     runs = {mtp: EngineRun(mode="mtp", k=2, tokens=spec)}
-    spread = {plain: EngineRun(mode="base", k=0, tokens=base)}
+    spread = {plain: EngineRun(mode="base", k=0, tokens=base, compositions={"alone": base, "pairs": spec})}
     audits = {mtp.id: AuditResult([[0, 0, 0.2, 0], [0] * 4]), f"spread|{plain.id}|batch": AuditResult([[0] * 4] * 2)}
-    assert cells._identity(mtp, runs, spread, audits) == [{"pos": 2, "gap": 0.2, "spec_regret": 0.2,
-                                                             "plain_regret": 0.0}, None]
-    assert cells._identity(mtp, runs, {}, audits) == []
+    ident, floor = cells._identity(mtp, runs, spread, audits)
+    assert ident == [{"pos": 2, "gap": 0.2, "spec_regret": 0.2, "plain_regret": 0.0}, None]
+    assert floor == {"alone": [None, None], "pairs": [{"pos": 2}, None]}  # the spread run against itself
+    assert cells._identity(mtp, runs, {}, audits) == ([], {})
+
+
+def test_identity_floor_is_plain_decoding_against_itself_in_other_batches():
+    """The identity floor: plain decoding's tokens in each other batch composition against its own
+    batch run, counted per composition, beside the speculative cell's identity in the table."""
+    from vllm_platform_ext.verify.identity import floor, floor_summary
+
+    plain = [[1, 2, 3], [4, 5, 6], [7, 8, 9]]
+    comps = {"alone": [[1, 2, 3], [4, 5, 0], [7, 8, 9]], "reversed": [list(t) for t in plain]}
+    got = floor(plain, comps)
+    assert got == {"alone": [None, {"pos": 2}, None], "reversed": [None, None, None]}
+    assert floor_summary(got) == "plain decoding vs itself in other batches: alone 2/3, reversed 3/3"
+    assert floor_summary({}) == "" and floor(plain, {}) == {}
+
+
+def test_plain_sibling_of_a_speculative_cell_runs_the_batch_compositions(monkeypatch, tmp_path):
+    """run_cells: the plain cell a speculative cell is compared with generates the other batch
+    compositions in its own engine (one engine, no extra start-up); a plain cell with no
+    speculative sibling, and the speculative cells, do not. The speculative cell's result carries
+    the floor and the table shows it after the identity."""
+    from vllm_platform_ext.verify.engine import COMPOSITIONS
+
+    calls = {}
+
+    def engine(model, prompts, configs, settings, env, timeout, log_path=None):
+        (cfg,) = configs
+        toks = [[5, 6, 7]] * len(prompts)
+        calls[(cfg.mode, cfg.kv_cache_dtype)] = tuple(settings.compositions)
+        comps = {n: ([[5, 6, 8]] + toks[1:] if n == "alone" else toks) for n in settings.compositions}
+        return [EngineRun(mode=cfg.mode, k=cfg.k, tokens=toks, num_draft_tokens=6, num_accepted_tokens=2,
+                          compositions=comps)]
+
+    monkeypatch.setattr(cells, "make_tiny_model", lambda kind, out, dims: out)
+    monkeypatch.setattr(cells, "run_in_subprocess", engine)
+    monkeypatch.setattr(cells, "reference_audits",
+                        lambda path, prompts, gen, mt, python=None: (AuditResult([[0.0] * 3]),
+                                                                      {k: AuditResult([[0.0] * 3]) for k in gen}))
+    todo = [cells.Cell("qwen3_next", "base", 0, "turboquant_k8v4"), cells.Cell("qwen3_next", "mtp", 3, "turboquant_k8v4"),
+            cells.Cell("qwen3_next", "base", 0, "auto")]
+    res = {r.id: r for r in cells.run_cells(todo, tmp_path, cells.settings_for("core", 1), parallel=1)}
+    assert calls == {("base", "turboquant_k8v4"): tuple(COMPOSITIONS), ("mtp", "turboquant_k8v4"): (),
+                     ("base", "auto"): ()}
+    spec = res[todo[1].id]
+    n = len(spec.identity)
+    assert spec.identity == [None] * n and sorted(spec.identity_floor) == sorted(COMPOSITIONS)
+    assert spec.identity_floor["alone"] == [{"pos": 2}] + [None] * (n - 1)
+    assert res[todo[0].id].identity_floor == {}  # plain cells carry no identity of their own
+    assert f"{n}/{n} identical; plain decoding vs itself in other batches: alone {n - 1}/{n}, reversed {n}/{n}" \
+        in cells.markdown(list(res.values()))

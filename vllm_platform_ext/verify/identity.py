@@ -7,6 +7,12 @@ bf16 rounding). Where the two part, the prefix before is identical, so the float
 both tokens at that position on the same context: their log-probability gap (the difference of
 the two regrets) says whether the split was a near-tie (a few hundredths of a nat) or a wrong
 token. Reported per prompt, never judged here: the cells' pass/fail stays the float32 audit.
+
+The identity floor: plain decoding against itself when only the batch shape changes (the same
+engine generating the prompts alone, reversed, in pairs, beside fillers: ``engine.COMPOSITIONS``).
+Where plain decoding parts from itself on as many prompts as the speculative cell parts from it,
+the split is the engine's batch-shape sensitivity (bf16 GEMM tilings, amplified on a quantized KV
+cache), not the verify path.
 """
 from __future__ import annotations
 
@@ -58,3 +64,17 @@ def summary(identity: list) -> str:
             text += (f" (gap <= {max(d['gap'] for d in gaps):.3f} nats; the speculative token the worse one "
                      f"in {worse} of {len(gaps)})")
     return text
+
+
+def floor(plain_tokens: list[list[int]], compositions: dict) -> dict:
+    """``{composition: compare(its tokens, plain_tokens)}``: plain decoding against itself in each
+    other batch composition its engine ran (``EngineRun.compositions``)."""
+    return {name: compare(toks, plain_tokens) for name, toks in compositions.items()}
+
+
+def floor_summary(identity_floor: dict) -> str:
+    """``"plain decoding vs itself in other batches: alone 7/7, reversed 5/7"``, or ``""``."""
+    if not identity_floor:
+        return ""
+    parts = [f"{name} {sum(d is None for d in ids)}/{len(ids)}" for name, ids in identity_floor.items()]
+    return "plain decoding vs itself in other batches: " + ", ".join(parts)
