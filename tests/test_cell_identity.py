@@ -9,6 +9,8 @@ identical; ngram k=3 on the same preset was identical on all seven.
 """
 from __future__ import annotations
 
+from dataclasses import asdict
+
 from vllm_platform_ext.verify import cells
 from vllm_platform_ext.verify.audit import AuditResult
 from vllm_platform_ext.verify.engine import EngineRun
@@ -141,3 +143,15 @@ def test_plain_sibling_of_a_speculative_cell_runs_the_batch_compositions(monkeyp
     assert res[todo[0].id].identity_floor == {}  # plain cells carry no identity of their own
     assert f"{n}/{n} identical; plain decoding vs itself in other batches: alone {n - 1}/{n}, reversed {n}/{n}" \
         in cells.markdown(list(res.values()))
+
+
+def test_table_names_a_disabled_patch_group():
+    """Two cells that differ only in a switched-off patch group (the route off: vLLM's own verify
+    path) get rows the reader can tell apart."""
+    on = cells.CellResult(cell=asdict(cells.Cell("qwen3_next", "mtp", 3, "turboquant_k8v4", "eager")), id="a",
+                          status="pass", bad=0.0, floor=0.0)
+    off = cells.CellResult(cell=asdict(cells.Cell("qwen3_next", "mtp", 3, "turboquant_k8v4", "eager",
+                                                  disable="turboquant_spec_verify")), id="b",
+                           status="pass", bad=0.0, floor=0.0)
+    rows = [l for l in cells.markdown([on, off]).splitlines() if l.startswith("| qwen3_next")]
+    assert "| eager |" in rows[0] and "| eager (turboquant_spec_verify off) |" in rows[1]

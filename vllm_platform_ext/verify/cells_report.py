@@ -39,7 +39,8 @@ def markdown(results: list) -> str:
         bad = "—" if ref.bad is None else f"{ref.bad:.3f} / {ref.floor:.3f}"
         acc = "—" if c["mode"] == "base" else f"{ref.accepted}/{ref.draft_tokens}"
         model = c["model"] + (f" (TP={c['tp']})" if c.get("tp", 1) > 1 else "")
-        lines.append(f"| {model} | {spec} | {c['kv']} | {c['graphs']} | {c['platform'] or 'auto'} | "
+        graphs = c["graphs"] + (f" ({c['disable']} off)" if c.get("disable") else "")
+        lines.append(f"| {model} | {spec} | {c['kv']} | {graphs} | {c['platform'] or 'auto'} | "
                      f"{fmt(on)} | {bad} | {acc} | {ref.init_s:.0f} | {ref.generate_s:.1f} | {fmt(off)} | "
                      f"{_identity_text(ref)} |")
     return "\n".join(lines) + "\n"
