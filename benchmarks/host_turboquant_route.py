@@ -7,8 +7,8 @@ two Triton/Gluon launches) is what C pays there. This measures it apart from vLL
 (``turboquant_verify_attention``) and the wiring's routed forward (``wiring.turboquant.verify_forward``,
 with a stand-in impl, layer and metadata of the Qwen3.6-35B-A3B attention shape: 16 query heads,
 2 KV heads, head dim 256) at batch 1 and 8, one row (the drafter's single-token passes) and K+1 = 4
-rows (the verify). ``host us``: wall time to issue N calls without a sync, over N (the GPU queue
-does not fill at these N); ``GPU us``: one call replayed in a CUDA graph; ``eager us``: N calls with
+rows (the verify). ``host us``: wall time to issue N calls without a sync, over N, the median of 9
+such runs (the GPU queue does not fill at these N); ``GPU us``: one call replayed in a CUDA graph; ``eager us``: N calls with
 the sync, over N. A cProfile of the routed forward names the Python functions that cost most.
 
     python benchmarks/host_turboquant_route.py --out DIR   (a CUDA device; vLLM not needed)
@@ -19,6 +19,7 @@ import argparse
 import cProfile
 import io
 import pstats
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -101,21 +102,31 @@ def calls(preset: str, b: int, k1: int, ctx: int, dev: str):
         if W.verify_forward(impl, layer, x["q"], x["cache"], md, x["out"], k1) is None:
             raise RuntimeError("the routed forward kept vLLM's path (see the bootstrap report)")
 
+    op()
+    direct = out3.clone()
+    routed()
+    if not torch.equal(direct, out3):  # the same launch both ways: the same bits
+        raise RuntimeError(f"batch {b}, {k1} rows: the routed forward's output differs from the op's")
     return op, routed
 
 
-def host_us(fn, n: int = 200) -> tuple[float, float]:
-    """(issue time, issue + finish time) per call in microseconds."""
+def host_us(fn, n: int = 100, batches: int = 9) -> tuple[float, float]:
+    """(issue time, issue + finish time) per call in microseconds: medians over ``batches`` runs of
+    ``n`` calls (the host's own spread between runs is tens of microseconds)."""
     for _ in range(20):
         fn()
     torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(n):
-        fn()
-    t1 = time.perf_counter()
-    torch.cuda.synchronize()
-    t2 = time.perf_counter()
-    return (t1 - t0) / n * 1e6, (t2 - t0) / n * 1e6
+    issue, total = [], []
+    for _ in range(batches):
+        t0 = time.perf_counter()
+        for _ in range(n):
+            fn()
+        t1 = time.perf_counter()
+        torch.cuda.synchronize()
+        t2 = time.perf_counter()
+        issue.append((t1 - t0) / n * 1e6)
+        total.append((t2 - t0) / n * 1e6)
+    return statistics.median(issue), statistics.median(total)
 
 
 def profile_text(fn, n: int = 200, top: int = 22) -> str:
@@ -150,13 +161,21 @@ def main(argv=None) -> int:
             print(rows[-1], flush=True)
         if (b, k1) == (1, 1):
             prof = profile_text(routed)
-    body = ["| batch | rows a request | call | host us | GPU us (graph) | eager us |", "|---|---|---|---|---|---|"]
+    dev = torch.device("cuda")
+    n = 2000
+    t0 = time.perf_counter()
+    for _ in range(n):
+        torch.cuda.get_device_properties(dev)
+    props_us = (time.perf_counter() - t0) / n * 1e6
+    body = [f"`torch.cuda.get_device_properties` (what the op read three times a call before 2026-11-28, "
+            f"now once per device): {props_us:.1f} us a call.", "",
+            "| batch | rows a request | call | host us | GPU us (graph) | eager us |", "|---|---|---|---|---|---|"]
     body += [f"| {r['batch']} | {r['k1']} | {r['call']} | {r['host_us']} | {r['gpu_us']} | {r['eager_us']} |" for r in rows]
     body += ["", "cProfile of the routed forward, batch 1, one row, 200 calls (sorted by own time):", "", "```",
              prof.strip(), "```"]
     head = run_header(None, preset=a.preset, context=a.context)
     path = write_result(Path(a.out) / "host-route.md", "Host time of a call into the TurboQuant route",
-                        head, "\n".join(body), rows)
+                        head, "\n".join(body), {"rows": rows, "get_device_properties_us": round(props_us, 2)})
     print(path.read_text())
     return 0
 

@@ -110,14 +110,17 @@ def _op_cache_view(impl: Any, kv_cache: torch.Tensor) -> torch.Tensor | None:
     does not match it. Shape reads only: graph-safe."""
     from vllm_platform_ext.ops.turboquant.layout import layout_for
 
-    layout = turboquant_layout.layout_of(impl)
-    if layout is None:
+    known = getattr(impl, "_pe_layout", None)  # (layout, slot bytes): the impl's own, found once
+    if known is None:
+        layout = turboquant_layout.layout_of(impl)
+        if layout is not None:
+            known = impl._pe_layout = (layout, layout_for(impl.kv_cache_dtype, int(impl.head_size)).slot_size_aligned)
+    if known is None:
         reason = f"no cache layout was probed for {type(impl).__qualname__}"
         view = None
     else:
-        view = layout.op_view(kv_cache)
-        reason = layout.check(view, int(impl.num_kv_heads),
-                              layout_for(impl.kv_cache_dtype, int(impl.head_size)).slot_size_aligned)
+        view = known[0].op_view(kv_cache)
+        reason = known[0].check(view, int(impl.num_kv_heads), known[1])
     if reason is None:
         return view
     _report_mismatch(reason)
@@ -165,8 +168,6 @@ def verify_forward(impl: Any, layer: Any, query: torch.Tensor, kv_cache: torch.T
                    output: torch.Tensor | None, k1: int) -> torch.Tensor | None:
     """The routed forward: all ``num_actual_tokens`` rows (B x (K+1)) through the op. None when
     vLLM's cache is not in the probed layout (the caller then keeps vLLM's path)."""
-    from vllm_platform_ext.ops.dispatch import active_platform, get_op, op_config
-
     cache = _op_cache_view(impl, kv_cache)
     if cache is None:
         return None
@@ -194,15 +195,28 @@ def verify_forward(impl: Any, layer: Any, query: torch.Tensor, kv_cache: torch.T
 
         if rows_forward(impl, layer, q, cache, block_table, seq_lens, k1, output[:n].view(n, hq, d)):
             return output
-    platform = active_platform()
-    op = get_op(OP, platform)
-    extra = op_config(OP, platform)
-    if platform != "cpu":
-        extra["workspace"] = _workspace(impl, q.device)
+    op, extra = _route_op(impl, q.device)
     op(q, cache, block_table, seq_lens.to(torch.int32), k1,
        preset=impl.kv_cache_dtype, scale=impl.scale, centroids=layer._tq_centroids, PiT=layer._tq_PiT,
        out=output[:n].view(n, hq, d), **extra)
     return output
+
+
+def _route_op(impl: Any, device: torch.device):
+    """(the op, its keyword arguments: the platform's op config and the workspace) for ``impl``,
+    resolved on its first routed call on ``device`` and kept on it: the platform, the registry's
+    entry and the workspace do not change in an engine's life, and the drafter's routed calls run
+    eagerly, where each lookup is host time (``benchmarks/host_turboquant_route.py``)."""
+    got = getattr(impl, "_pe_op", None)
+    if got is None or got[0] != device:
+        from vllm_platform_ext.ops.dispatch import active_platform, get_op, op_config
+
+        platform = active_platform()
+        extra = op_config(OP, platform)
+        if platform != "cpu":
+            extra["workspace"] = _workspace(impl, device)
+        got = impl._pe_op = (device, get_op(OP, platform), extra)
+    return got[1], got[2]
 
 
 def _build_factory(orig):

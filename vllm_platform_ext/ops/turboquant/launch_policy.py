@@ -7,6 +7,7 @@ Imports only torch and Triton.
 """
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -15,9 +16,27 @@ import triton
 DEFAULT_MAX_KV_SPLITS = 32
 
 
+@functools.lru_cache(maxsize=None)
+def _cuda_properties(index: int):
+    """A CUDA device's properties, read once per device: they do not change in a process, and a
+    read costs 5-7 us (H200, torch 2.11); the op read them three times a call before
+    (``ci/gpu/results/2026-11-28-w7-host-route.md``)."""
+    return torch.cuda.get_device_properties(index)
+
+
+def _cuda_index(device: torch.device) -> int:
+    return device.index if device.index is not None else torch.cuda.current_device()
+
+
+def device_capability(device: torch.device) -> tuple[int, int]:
+    """``torch.cuda.get_device_capability(device)``, from the cached properties."""
+    props = _cuda_properties(_cuda_index(device))
+    return props.major, props.minor
+
+
 def _num_sms(device: torch.device) -> int:
     if device.type == "cuda":
-        return torch.cuda.get_device_properties(device).multi_processor_count
+        return _cuda_properties(_cuda_index(device)).multi_processor_count
     return 132
 
 
@@ -274,6 +293,7 @@ def _launch_config(rows: int, key_fp8: bool) -> dict:
     return {"BLOCK_M": block_m, **LAUNCH_DEFAULTS["fp8" if key_fp8 else "mse"]}
 
 
+@functools.lru_cache(maxsize=256)
 def transposed_row_groups(rows: int) -> tuple[int, int]:
     """Row groups (RA, RB) of the transposed Gluon kernel for ``rows`` query rows per (request, KV
     head): powers of two (RB may be 0) covering ``rows`` rounded up to a multiple of 8, e.g. 6 -> (8, 0),

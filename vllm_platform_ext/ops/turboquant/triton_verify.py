@@ -82,7 +82,7 @@ def _record(kernel: str, splits: int, min_tiles: int) -> None:
 
 
 def _default_e4b15(device: torch.device) -> bool:
-    return device.type == "cuda" and torch.cuda.get_device_capability(device) < (8, 9)
+    return device.type == "cuda" and policy.device_capability(device) < (8, 9)
 
 
 def turboquant_verify_attention(
@@ -229,7 +229,7 @@ def turboquant_verify_attention(
         cent16 = cent.to(torch.float16) if not lay.key_fp8 else kv16
         asm_ok = dev.type == "cuda" and not _interpreting() and inline_ptx is not False
         fp8_asm = bool(v2.get("FP8_ASM", False) and asm_ok and lay.key_fp8 and kv32 is not None and not fp8_e4b15
-                       and torch.cuda.get_device_capability(dev) >= (8, 9))
+                       and policy.device_capability(dev) >= (8, 9))
         nib_asm = bool(v2.get("NIB_ASM", False) and asm_ok and lay.value_bits == 4)
         key_scale = 1.0 if (not lay.key_fp8 or fp8_e4b15 or fp8_asm) else 256.0
     if gcfg is not None:  # (only set with the word views)
@@ -385,7 +385,7 @@ def _gluon_usable(lay, kv32, fp8_e4b15: bool, dev: torch.device, d: int) -> bool
     MSE keys (2-byte-aligned slots suffice) on SM >= 8.0 (mma.sync, ldmatrix, prmt)."""
     if not (d == 256 and dev.type == "cuda" and _gluon_ok()):
         return False
-    cap = torch.cuda.get_device_capability(dev)
+    cap = policy.device_capability(dev)
     if lay.key_fp8:
         return bool(lay.value_bits == 4 and kv32 is not None and not fp8_e4b15 and cap >= (8, 9))
     return cap >= (8, 0)
@@ -393,7 +393,7 @@ def _gluon_usable(lay, kv32, fp8_e4b15: bool, dev: torch.device, d: int) -> bool
 
 def _wgmma_ok(dev: torch.device) -> bool:
     """Hopper warpgroup MMAs (``_tq_verify_t_gluon`` with WG): SM 9.0 only, not under the interpreter."""
-    return dev.type == "cuda" and not _interpreting() and torch.cuda.get_device_capability(dev) == (9, 0)
+    return dev.type == "cuda" and not _interpreting() and policy.device_capability(dev) == (9, 0)
 
 
 def _gluon_available() -> bool:
