@@ -11,8 +11,9 @@ token. Reported per prompt, never judged here: the cells' pass/fail stays the fl
 The identity floor: plain decoding against itself when only the batch shape changes (the same
 engine generating the prompts alone, reversed, in pairs, beside fillers: ``engine.COMPOSITIONS``).
 Where plain decoding parts from itself on as many prompts as the speculative cell parts from it,
-the split is the engine's batch-shape sensitivity (bf16 GEMM tilings, amplified on a quantized KV
-cache), not the verify path.
+the split is the engine's batch-shape sensitivity (other bf16 GEMM tilings), not the verify path;
+where the cell parts more often, it says nothing by itself about whose the split is (window 7's
+``tq-ident`` suite runs vLLM's own verify path beside the plugin's for that).
 """
 from __future__ import annotations
 
