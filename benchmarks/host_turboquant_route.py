@@ -28,6 +28,7 @@ from types import SimpleNamespace
 import torch
 
 from bench_common import graph_ms, run_header, write_result
+from bench_turboquant import D, build_cache  # the kernel benchmark's head dim and cache
 
 from vllm_platform_ext.ops.turboquant import layout as L
 from vllm_platform_ext.ops.turboquant.routing import workspace_rows
@@ -36,7 +37,7 @@ from vllm_platform_ext.ops.turboquant.workspace import VerifyWorkspace
 from vllm_platform_ext.wiring import turboquant as W
 from vllm_platform_ext.wiring import turboquant_layout as TL
 
-D, PAGE, HQ, HK, NUM_SPEC, MAX_SEQS = 256, 16, 16, 2, 3, 8
+HQ, HK, NUM_SPEC, MAX_SEQS = 16, 2, 3, 8
 
 
 class RouteImpl:
@@ -67,27 +68,22 @@ def setup() -> None:
     TL.remember(RouteBackend, TL.CacheLayout(("blocks", "tokens", "heads", "slot"), "benchmark stand-in"))
 
 
-def inputs(preset: str, b: int, k1: int, ctx: int, dev: str) -> dict:
-    lay = L.layout_for(preset, D)
-    nblk = ctx // PAGE
-    cache = torch.randint(0, 256, (b * nblk + 1, PAGE, HK, lay.slot_size_aligned), dtype=torch.uint8, device=dev)
-    if lay.key_fp8:
-        cache[..., : lay.head_dim] &= 0xBF  # finite fp8 keys
-    cache[..., lay.scale_offset: lay.scale_offset + 2] = L.fp16_to_bytes(torch.tensor(0.05)).to(dev)
-    cache[..., lay.scale_offset + 2: lay.scale_offset + 4] = L.fp16_to_bytes(torch.tensor(-0.4)).to(dev)
-    bt = (torch.arange(b * nblk, dtype=torch.int32, device=dev) + 1).view(b, nblk).contiguous()
-    sl = torch.full((b,), ctx, dtype=torch.int32, device=dev)
+def inputs(preset: str, b: int, k1: int, ctx: int) -> dict:
+    """The kernel benchmark's random valid cache (``bench_turboquant.build_cache``) for ``b`` requests
+    of ``ctx`` positions, and the query, output and MSE tables of one call."""
+    lay, cache, _, bt = build_cache(preset, HK, ctx, b, torch.Generator().manual_seed(0))
     n = b * k1
-    return dict(cache=cache, bt=bt, sl=sl, q=torch.randn(n, HQ, D, dtype=torch.bfloat16, device=dev),
-                out=torch.empty(n, HQ * D, dtype=torch.bfloat16, device=dev),
-                cent=L.lloyd_max_centroids(D, lay.centroid_bits).to(dev).float(),
-                pit=torch.eye(D, device=dev), n=n)
+    return dict(cache=cache, bt=bt, sl=torch.full((b,), ctx, dtype=torch.int32, device="cuda"),
+                q=torch.randn(n, HQ, D, dtype=torch.bfloat16, device="cuda"),
+                out=torch.empty(n, HQ * D, dtype=torch.bfloat16, device="cuda"),
+                cent=L.lloyd_max_centroids(D, lay.centroid_bits).cuda().float(),
+                pit=torch.eye(D, device="cuda"), n=n)
 
 
-def calls(preset: str, b: int, k1: int, ctx: int, dev: str):
+def calls(preset: str, b: int, k1: int, ctx: int):
     """(the op called directly, the wiring's routed forward) for one shape."""
-    x = inputs(preset, b, k1, ctx, dev)
-    ws = VerifyWorkspace.allocate(MAX_SEQS, NUM_SPEC + 1, HQ, D, device=dev)
+    x = inputs(preset, b, k1, ctx)
+    ws = VerifyWorkspace.allocate(MAX_SEQS, NUM_SPEC + 1, HQ, D, device="cuda")
     out3 = x["out"].view(x["n"], HQ, D)
 
     def op():
@@ -153,7 +149,7 @@ def main(argv=None) -> int:
     setup()
     rows, prof = [], ""
     for b, k1 in ((1, 1), (1, 4), (8, 1), (8, 4)):
-        op, routed = calls(a.preset, b, k1, a.context, "cuda")
+        op, routed = calls(a.preset, b, k1, a.context)
         for name, fn in (("op", op), ("routed forward", routed)):
             issue, eager = host_us(fn)
             rows.append(dict(batch=b, k1=k1, call=name, host_us=round(issue, 1), eager_us=round(eager, 1),

@@ -49,7 +49,7 @@ def markdown(results: list) -> str:
 def _identity_text(r) -> str:
     """Token identity against plain decoding, and plain decoding's own identity across batches."""
     text = summary(r.identity)
-    fl = floor_summary(getattr(r, "identity_floor", {}) or {})
+    fl = floor_summary(r.identity_floor)
     return f"{text}; {fl}" if r.identity and fl else text
 
 

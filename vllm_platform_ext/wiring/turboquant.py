@@ -108,10 +108,10 @@ def _op_cache_view(impl: Any, kv_cache: torch.Tensor) -> torch.Tensor | None:
     """vLLM's per-layer cache as the op's ``[blocks, block_size, heads, slot]``, through the layout
     probed from this impl's backend; None (keep vLLM's path) when none was probed or the tensor
     does not match it. Shape reads only: graph-safe."""
-    from vllm_platform_ext.ops.turboquant.layout import layout_for
-
     known = getattr(impl, "_pe_layout", None)  # (layout, slot bytes): the impl's own, found once
     if known is None:
+        from vllm_platform_ext.ops.turboquant.layout import layout_for
+
         layout = turboquant_layout.layout_of(impl)
         if layout is not None:
             known = impl._pe_layout = (layout, layout_for(impl.kv_cache_dtype, int(impl.head_size)).slot_size_aligned)
