@@ -30,6 +30,7 @@ from vllm_platform_ext.verify.audit import MARGIN, passes, reference_audits
 from vllm_platform_ext.verify.cells_report import markdown, write_results  # noqa: F401 (cells.markdown, cells.write_results)
 from vllm_platform_ext.verify.engine import (COMPOSITIONS, EngineConfig, EngineRun, EngineSettings, failed_patches,
                                              run_in_subprocess)
+from vllm_platform_ext.verify.engine_errors import HARNESS_ERRORS, error_line, harness_error  # noqa: F401
 from vllm_platform_ext.verify.prompts import default_prompts
 from vllm_platform_ext.verify.tiny_models import make_tiny_model
 
@@ -177,13 +178,6 @@ def versions() -> dict:
     return {k: v for k, v in installed_versions().items() if v is not None}
 
 
-# Errors of the harness, not of vLLM or the plugin: side-by-side engines starving or confusing
-# each other's memory start-up (vLLM's profiling counts the other engines), a cell past its time.
-# Such a cell fails as "harness-error" and is never reported as an upstream or plugin result.
-HARNESS_ERRORS = ("No available memory for the cache blocks", "Error in memory profiling",
-                  "less than desired GPU memory utilization", "CUDA out of memory", "TimeoutExpired",
-                  "engine subprocess timed out")
-
 # What upstream (plugin off) is known to do, by vLLM line: (predicate(cell, (major, minor)), status, message).
 # A plugin-off cell that matches must show it: else the bug the plugin fixes did not reproduce
 # there and the cell proves nothing about the fix.
@@ -213,16 +207,11 @@ def expected_upstream(cell: Cell, vllm_version: str) -> tuple[str, str] | None:
     return None
 
 
-def harness_error(error: str) -> bool:
-    return any(p in error for p in HARNESS_ERRORS)
-
-
 def judge(cell: Cell, run, audit, floor: float, margin: float) -> tuple[str, str]:
     """(status, note) of one cell's run."""
     if run.error:
         known = [m for _, _, m in KNOWN_UPSTREAM if m] + list(HARNESS_ERRORS)
-        lines = run.error.strip().splitlines()  # the line naming a known failure, else the last
-        last = next((l for l in reversed(lines) if any(m in l for m in known)), lines[-1]).strip()[:300]
+        last = error_line(run.error, known)  # the line naming a known failure, else the exception's
         if harness_error(run.error):
             hit = next(p for p in HARNESS_ERRORS if p in run.error)
             return "harness-error", f"harness ({hit}): {last}"
