@@ -56,3 +56,16 @@ def test_error_line(error, known, want):
 
 def test_a_line_of_the_form_name_error_inside_a_sentence_is_not_an_exception_line():
     assert error_line("ValueError: real one\nthe KeyError handler said hello") == "ValueError: real one"
+
+
+def test_the_table_names_the_device_of_a_started_engine_when_the_first_cell_crashed():
+    """A plugin-off shard's first cell can die before its engine names the device (window 8's shard 8
+    of 0.26.0 printed "Measured ... on ?")."""
+    from dataclasses import asdict
+
+    crashed = cells.CellResult(cell=asdict(cells.Cell(kv="turboquant_k8v4", plugin=False)), id="a",
+                               status="upstream-crash", error="ValueError: Unknown TurboQuant cache dtype: 'auto'")
+    started = cells.CellResult(cell=asdict(cells.Cell(plugin=False)), id="b", status="upstream-works", bad=0.0,
+                               floor=0.0, engine_path={"device": "NVIDIA H200"})
+    assert " on NVIDIA H200;" in cells.markdown([crashed, started])
+    assert " on ?;" in cells.markdown([crashed])

@@ -17,8 +17,9 @@ def markdown(results: list) -> str:
         rows.setdefault(key, {})["on" if c["plugin"] else "off"] = r
     first = results[0] if results else None
     lines = []
-    if first:
-        dev = first.engine_path.get("device") or first.engine_path.get("cpu_path", "?")
+    if first:  # the device of the first engine that started and said (a crashed one may name none)
+        dev = next((r.engine_path.get("device") or r.engine_path.get("cpu_path") for r in results
+                    if r.engine_path.get("device") or r.engine_path.get("cpu_path")), "?")
         vers = ", ".join(f"{k} {v}" for k, v in first.versions.items())
         lines += [f"Measured {first.date} on {dev}; {vers}.", ""]
     lines += ["| model | spec | KV | graphs | platform | with the plugin | bad / floor | accepted | init s | gen s "
