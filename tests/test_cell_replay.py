@@ -75,3 +75,27 @@ def test_cli_writes_the_results_and_exits_by_the_verdict(kit, tmp_path, capsys):
     assert rc == 0 and "replayed: 1 cells, 0 failing" in printed, printed
     [row] = json.loads((tmp_path / "out" / "results.json").read_text())  # a list of cell results
     assert row["status"] == "pass" and (tmp_path / "out" / "results.md").is_file()
+
+
+def test_runs_file_is_written_as_each_engine_finishes_and_a_partial_run_replays(kit, tmp_path):
+    """A device window cut short (window 9: the engines done, the reference not) still leaves every
+    finished engine's tokens in runs.json, with the count of engines still pending, and replaying
+    that partial file judges the finished cells and says the run was partial."""
+    root, model, greedy = kit
+    base, mtp = Cell("qwen3_next", "base", 0, "auto", "eager"), Cell("qwen3_next", "mtp", 1, "auto", "eager")
+    path = tmp_path / "engine-logs" / "runs.json"
+    kept = cell_replay.RunsFile(path, {"qwen3_next": model}, PROMPTS, MAX_TOKENS, "cpu", engines=3)
+    kept.add(base, False, EngineRun(mode="base", k=0, tokens=greedy, engine_path={"device": "test"}))
+    data, runs, spread = cell_replay.load_runs(path)
+    assert data["pending"] == 2 and list(runs) == [base] and not spread
+    logged = []
+    [res] = cell_replay.replay(path, tmp_path / "work", log=logged.append)
+    assert res.status == "pass" and any("partial run: 2 engine(s)" in line for line in logged), logged
+    later = EngineRun(mode="mtp", k=1, tokens=greedy, num_draft_tokens=4, num_accepted_tokens=2)
+    kept.add(mtp, False, later)
+    kept.add(base, True, EngineRun(mode="base", k=0, tokens=greedy))
+    assert cell_replay.load_runs(path)[0]["pending"] == 0
+    kept.finish({mtp: later, base: runs[base]}, {})  # the whole run, in the cells' order
+    data, runs, spread = cell_replay.load_runs(path)
+    assert list(runs) == [mtp, base] and not spread and data["pending"] == 0
+    assert not list(path.parent.glob("*.tmp"))

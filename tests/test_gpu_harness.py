@@ -423,8 +423,13 @@ def test_run_cells_fails_a_family_the_kit_cannot_write_and_judges_the_rest(monke
     monkeypatch.setattr(cells, "reference_audits", reference)
     todo = [cells.Cell(mode="mtp", k=3, kv="turboquant_k8v4", plugin=p) for p in (True, False)]
     todo += [cells.Cell("qwen3_5_text", "mtp", 3), cells.Cell("qwen3_next", "ngram", 3, plugin=False)]
-    res = {r.id: r for r in cells.run_cells(todo, tmp_path, cells.settings_for("core", 2), parallel=2)}
+    from vllm_platform_ext.verify import cell_replay
+    saved, save = [], cell_replay.save_runs  # runs.json after every engine, then once whole (a window cut short)
+    monkeypatch.setattr(cell_replay, "save_runs", lambda *a, **k: (saved.append((len(a[5]), a[8])), save(*a, **k))[1])
+    res = {r.id: r for r in cells.run_cells(todo, tmp_path, cells.settings_for("core", 2), parallel=2,
+                                            log_dir=tmp_path / "logs")}
     assert len(ran) == 3 and {tuple(e.items()) for _, e in ran} == {(), (("VLLM_PLUGINS", ""),)}
+    assert sorted(saved[:3]) == [(1, 2), (2, 1), (3, 0)] and saved[3:] == [(3, 0)], saved
     assert list(audited.values()) == [{todo[0].id: [[5]] * 7}]  # only the run that produced tokens
     assert res[todo[0].id].status == "pass" and res[todo[0].id].bad == 0.02 and res[todo[0].id].floor == 0.01
     assert res[todo[1].id].status == "upstream-crash" and "Workspace is locked" in res[todo[1].id].error

@@ -16,6 +16,7 @@ import hashlib
 import json
 import sys
 import tempfile
+import threading
 from dataclasses import asdict, fields
 from pathlib import Path
 
@@ -38,15 +39,44 @@ def checkpoint_digest(model_dir: str | Path) -> str:
     return h.hexdigest()
 
 
-def save_runs(path: Path, models: dict, prompts: list, max_tokens: int, dims: str, runs: dict, spread_runs: dict) -> Path:
-    """Write ``runs.json`` (``models``: kind -> checkpoint dir; ``runs``/``spread_runs``: Cell -> EngineRun)."""
-    data = {"format": FORMAT, "dims": dims, "prompts": prompts, "max_tokens": max_tokens,
-            "checkpoints": {kind: checkpoint_digest(p) for kind, p in models.items()},
+def save_runs(path: Path, models: dict, prompts: list, max_tokens: int, dims: str, runs: dict, spread_runs: dict,
+              checkpoints: dict | None = None, pending: int = 0) -> Path:
+    """Write ``runs.json`` (``models``: kind -> checkpoint dir; ``runs``/``spread_runs``: Cell -> EngineRun;
+    ``checkpoints``: their digests, when known; ``pending``: engines of the run not finished yet)."""
+    data = {"format": FORMAT, "dims": dims, "prompts": prompts, "max_tokens": max_tokens, "pending": pending,
+            "checkpoints": checkpoints or {kind: checkpoint_digest(p) for kind, p in models.items()},
             "runs": [{"cell": asdict(c), "run": asdict(r)} for c, r in runs.items()],
             "spread": [{"cell": asdict(c), "run": asdict(r)} for c, r in spread_runs.items()]}
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(data))
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(data))
+    tmp.replace(path)  # a reader (a device window's pack) never sees half a file
     return path
+
+
+class RunsFile:
+    """``runs.json`` written again as each engine finishes (``add``), so that a run cut short -- a device
+    window's time ran out while the last engines or the reference still ran (window 9) -- can still be
+    audited here; ``finish`` writes the whole run in the cells' order."""
+
+    def __init__(self, path: Path, models: dict, prompts: list, max_tokens: int, dims: str, engines: int):
+        self.path, self.models, self.prompts, self.max_tokens, self.dims = Path(path), models, prompts, max_tokens, dims
+        self.engines, self.done, self.lock, self.digests = engines, {}, threading.Lock(), None
+
+    def _save(self, runs: dict, spread_runs: dict, pending: int) -> None:
+        self.digests = self.digests or {kind: checkpoint_digest(p) for kind, p in self.models.items()}
+        save_runs(self.path, self.models, self.prompts, self.max_tokens, self.dims, runs, spread_runs,
+                  self.digests, pending)
+
+    def add(self, cell, spread_run: bool, run) -> None:
+        with self.lock:
+            self.done[(cell, spread_run)] = run
+            self._save({c: r for (c, s), r in self.done.items() if not s}, {c: r for (c, s), r in self.done.items() if s},
+                       self.engines - len(self.done))
+
+    def finish(self, runs: dict, spread_runs: dict) -> None:
+        with self.lock:
+            self._save(runs, spread_runs, 0)
 
 
 def load_runs(path: Path) -> tuple[dict, dict, dict]:
@@ -81,6 +111,9 @@ def replay(path: Path, work: Path, reference_python: str | None = None, log=prin
                              f"checkpoint (sha256 {here[:12]} here, {digest[:12]} there): its audit would not be "
                              "of the weights the engines ran")
     log(f"[replay] {len(runs)} cells, {len(spread_runs)} spread runs; checkpoints match: {', '.join(models)}")
+    if data.get("pending"):  # a floor only loses inputs: a missing engine can make a verdict stricter, never looser
+        log(f"[replay] a partial run: {data['pending']} engine(s) had not finished; a cell whose floor needed one "
+            "is judged against the floor of the engines that did")
     return C.audit_cells(list(runs), models, {}, runs, spread_runs, data["prompts"], data["max_tokens"],
                          log=log, reference_python=reference_python)
 

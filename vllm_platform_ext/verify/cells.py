@@ -256,6 +256,9 @@ def run_cells(cells: list[Cell], work: Path, settings: EngineSettings, parallel:
     # plain decoding beside a speculative cell (its token-identity sibling) also generates the other
     # batch compositions in its own engine: the identity floor (verify.identity.floor)
     siblings = {s for c in todo if c.mode != "base" for s in _plain_siblings(c)}
+    from vllm_platform_ext.verify.cell_replay import RunsFile  # the engines' tokens, kept as they finish: cell_replay
+    kept = None if log_dir is None else RunsFile(Path(log_dir) / "runs.json", models, prompts, settings.max_tokens,
+                                                 dims, len(todo) + len(spread))
 
     def one(cell: Cell, spread_run: bool = False):
         t0 = time.perf_counter()
@@ -270,16 +273,16 @@ def run_cells(cells: list[Cell], work: Path, settings: EngineSettings, parallel:
         except Exception as exc:  # the engine process itself died (e.g. a CUDA fault aborted it) or timed out
             run = EngineRun(mode=cell.mode, k=cell.k, error=f"{type(exc).__name__}: {exc}")
         log(f"[cells] {cell.id}: {'ERROR' if run.error else 'ran'} in {time.perf_counter() - t0:.0f}s")
+        if kept is not None:
+            kept.add(cell, spread_run, run)
         return run
 
     jobs = [(c, False) for c in todo] + [(c, True) for c in spread]
     with ThreadPoolExecutor(max_workers=max(1, parallel)) as pool:
         done = list(pool.map(lambda job: one(*job), jobs))
     runs, spread_runs = dict(zip(todo, done[:len(todo)])), dict(zip(spread, done[len(todo):]))
-    if log_dir is not None:  # the engines' tokens, kept: `python -m vllm_platform_ext.verify.cell_replay` audits them again
-        from vllm_platform_ext.verify.cell_replay import save_runs
-
-        save_runs(Path(log_dir) / "runs.json", models, prompts, settings.max_tokens, dims, runs, spread_runs)
+    if kept is not None:
+        kept.finish(runs, spread_runs)
     return audit_cells(cells, models, kit_errors, runs, spread_runs, prompts, settings.max_tokens, margin, log,
                        reference_python)
 
