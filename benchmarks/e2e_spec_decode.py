@@ -47,6 +47,7 @@ tokens/s, C / B verify step, KV capacity ratios, the GDN fix's cost), ``e2e.json
 from __future__ import annotations
 
 import argparse
+import ctypes
 import json
 import os
 import random
@@ -143,6 +144,37 @@ class StepLog:
     profile: str | None = None  # "verify" / "plain": profile one step of that class (torch.profiler)
     profile_to: str | None = None  # path prefix of the trace (.trace.json) and the op table (.ops.txt)
     profiled: str | None = None  # the trace written
+    cpus: dict = field(default_factory=dict)  # CPU -> timed steps that ended on it (the step's thread)
+
+
+_GETCPU = []
+
+
+def this_cpu() -> int | None:
+    """The CPU the calling thread runs on now (glibc's ``sched_getcpu``), None where there is none.
+    An engine's step at batch 1 is host work: window 9 saw one configuration at 5.6 or 9.4 ms from
+    one engine instance to the next, on a quiet host; each row says where its steps ran."""
+    if not _GETCPU:
+        try:
+            _GETCPU.append(ctypes.CDLL(None).sched_getcpu)
+        except (OSError, AttributeError):
+            _GETCPU.append(None)
+    cpu = _GETCPU[0]() if _GETCPU[0] else -1
+    return cpu if cpu >= 0 else None
+
+
+def gpu_local_cpus() -> str | None:
+    """The CPUs local to this process's GPU (its PCI device's ``local_cpulist``), None without one."""
+    try:
+        import torch
+
+        if not torch.cuda.is_available():
+            return None
+        p = torch.cuda.get_device_properties(torch.cuda.current_device())
+        bus = f"{p.pci_domain_id:04x}:{p.pci_bus_id:02x}:{p.pci_device_id:02x}.0"
+        return Path(f"/sys/bus/pci/devices/{bus}/local_cpulist").read_text().strip()
+    except Exception:  # noqa: BLE001 -- a diagnostic: absent rather than a failed row
+        return None
 
 
 def _step_class(so) -> str | None:
@@ -209,6 +241,9 @@ def install_step_timer(log: StepLog, profile_after: int = 3) -> None:
             log.profiled = _write_profile(prof, log.profile_to)
         elif kind in ("verify", "plain") and prof is None:
             getattr(log, kind).append(dt)
+            cpu = this_cpu()
+            if cpu is not None:
+                log.cpus[str(cpu)] = log.cpus.get(str(cpu), 0) + 1
         elif kind == "mixed":
             log.mixed += 1
         return res
@@ -247,7 +282,7 @@ def worker(job_path: str, out_path: str) -> int:
 
     def _fresh_log() -> dict:
         steps = asdict(log)
-        log.verify, log.plain, log.mixed = [], [], 0
+        log.verify, log.plain, log.mixed, log.cpus = [], [], 0, {}
         return steps
 
     def more(llm, sp):
@@ -264,6 +299,9 @@ def worker(job_path: str, out_path: str) -> int:
     results[0]["run"] = asdict(run) | {"tokens": []}
     for r in results[1:]:
         r["run"]["init_s"] = run.init_s  # the one start-up they shared
+    local = gpu_local_cpus()
+    for r in results:
+        r["steps"]["gpu_local_cpus"] = local
     Path(out_path).write_text(json.dumps({"pairs": [list(p) for p in pairs], "results": results}))
     return 0
 
@@ -319,7 +357,18 @@ def summarize(setup: Setup, batch: int, context: int, res: dict) -> dict:
             "device": run["engine_path"].get("device") or run["engine_path"].get("cpu_path")}
     if steps.get("profiled"):
         row["profile"] = steps["profiled"]
+    if steps.get("cpus"):  # where the timed steps ran, and the CPUs local to the GPU
+        row |= {"step_cpus": steps["cpus"], "gpu_local_cpus": steps.get("gpu_local_cpus")}
     return with_derived_tok_s(row)
+
+
+def main_cpu(row: dict) -> str:
+    """``CPU (share of the timed steps)`` of the CPU most of a row's steps ran on, else ``—``."""
+    cpus = row.get("step_cpus") or {}
+    if not cpus:
+        return "—"
+    cpu, n = max(cpus.items(), key=lambda kv: kv[1])
+    return f"{cpu} ({100 * n / sum(cpus.values()):.0f}%)"
 
 
 def with_derived_tok_s(row: dict) -> dict:
@@ -489,7 +538,7 @@ def report(rows: list[dict], out: Path, title: str, head: dict) -> str:
     body = markdown(rows, "").lstrip("\n") + "\n## Goals (issue 24)\n\n" + goals_markdown(table)
     per_round = rounds_markdown(rows)
     if per_round:
-        body += "\n## Rounds (each row's median above; the host's 1-minute load as each engine finished)\n\n" + per_round
+        body += "\n## Rounds (each row's median above; the host's 1-minute load as each engine finished; the CPU most of its timed steps ran on)\n\n" + per_round
     try:
         body += f"\n![tokens/s]({plot(rows, out / 'e2e.png').name})\n"
     except ImportError:
@@ -553,7 +602,8 @@ def merge_rounds(rows: list[dict]) -> list[dict]:
 
         row = dict(ok[0]) | {f: median(f) for f in ("verify_ms", "plain_ms", "measured_tok_s")}
         row["rounds"] = [{"round": r.get("round"), "verify_ms": r.get("verify_ms"), "plain_ms": r.get("plain_ms"),
-                          "load_1m": r.get("load_1m"), **({"error": r["error"][:120]} if "error" in r else {})}
+                          "load_1m": r.get("load_1m"), "step_cpu": main_cpu(r),
+                          **({"error": r["error"][:120]} if "error" in r else {})}
                          for r in rs]
         out.append(with_derived_tok_s(row))
     return out
@@ -561,12 +611,13 @@ def merge_rounds(rows: list[dict]) -> list[dict]:
 
 def rounds_markdown(rows: list[dict]) -> str:
     """Each round of each row (where there were several) with the host's load as it ran."""
-    lines = ["| config | batch | context | round | verify step ms | plain step ms | load 1m |", "|" + "---|" * 7]
+    lines = ["| config | batch | context | round | verify step ms | plain step ms | load 1m | steps' CPU |", "|" + "---|" * 8]
     f = lambda v: "—" if v is None else f"{v:.2f}"  # noqa: E731
     for r in rows:
         for x in r.get("rounds", []):
             lines.append(f"| {r['config']} | {r['batch']} | {r['context']} | {x['round']} | "
-                         f"{x.get('error') or f(x['verify_ms'])} | {f(x['plain_ms'])} | {x['load_1m']} |")
+                         f"{x.get('error') or f(x['verify_ms'])} | {f(x['plain_ms'])} | {x['load_1m']} | "
+                         f"{x.get('step_cpu', '—')} |")
     return "\n".join(lines) + "\n" if len(lines) > 2 else ""
 
 

@@ -248,6 +248,9 @@ def test_one_engine_per_configuration_times_every_batch(tmp_path, monkeypatch):
         else:
             assert r["verify_steps"] >= 3 and r["verify_ms"] > 0 and r["acceptance"] > 0, r
         assert r["measured_tok_s"] > 0 and r["kv_capacity_tokens"] > 0, r
+        # where the timed steps ran (the engine's own thread): CPUs this process may use, one count a step
+        assert sum(r["step_cpus"].values()) == r["verify_steps"] + r["plain_steps"], r
+        assert {int(c) for c in r["step_cpus"]} <= os.sched_getaffinity(0) and r["gpu_local_cpus"] is None, r
     lines = [json.loads(l) for l in (out / "rows.jsonl").read_text().splitlines()]
     assert len(lines) == 4  # written as each engine finished
 
@@ -288,7 +291,8 @@ def test_rounds_alternate_the_order_and_judge_each_rows_median(tmp_path, monkeyp
         t = step_s[(setup.name, rnd)]
         run = {"num_generated": 64, "generate_s": 64 * t, "num_accepted_tokens": 0, "num_draft_tokens": 48,
                "engine_path": {"device": "fake", "kv_capacity_tokens": 1000 if setup.kv == "auto" else 2640}}
-        return [{"run": run, "steps": {"verify": [t] * 20, "plain": [], "mixed": 1}} for _ in pairs]
+        return [{"run": run, "steps": {"verify": [t] * 20, "plain": [], "mixed": 1, "cpus": {"3": 15, "5": 5}}}
+                for _ in pairs]
 
     monkeypatch.setattr(E, "run_setup", fake_run_setup)
     monkeypatch.setattr(E, "write_model", lambda name, layers, path: path)
@@ -304,7 +308,7 @@ def test_rounds_alternate_the_order_and_judge_each_rows_median(tmp_path, monkeyp
     g = _by(data["goals"], "C / B verify step", 1, 4096)
     assert g["measured"] == pytest.approx(11.0 / 7.7) and g["met"] is False
     md = (out / "e2e.md").read_text()
-    assert "## Rounds" in md and "| C | 1 | 4096 | 2 | 10.00 |" in md
+    assert "## Rounds" in md and "| C | 1 | 4096 | 2 | 10.00 |" in md and "| 3 (75%) |" in md
     with pytest.raises(SystemExit):
         E.main(["--configs", "C", "--rounds", "0", "--out", str(out)])
 
