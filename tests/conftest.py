@@ -1,3 +1,4 @@
+import contextlib
 import importlib.util
 import os
 import subprocess
@@ -23,6 +24,22 @@ def run_python(code: str, env: dict | None = None, timeout: float = 600) -> subp
 @pytest.fixture
 def python():
     return run_python
+
+
+@contextlib.contextmanager
+def group_off(group):
+    """A patch group taken off for a test and put back after, as it was: an earlier test file's
+    in-process bootstrap may hold it (test_compat_fallbacks' does), and `pytest -n` runs the files in
+    varying order on its workers."""
+    from vllm_platform_ext import patching
+
+    was = patching.applied_targets(group.name)
+    patching.restore(group.name)
+    try:
+        yield
+    finally:
+        if was and not patching.applied_targets(group.name):
+            patching.apply(group.name, list(group.build()))
 
 
 def cpu_path_params():

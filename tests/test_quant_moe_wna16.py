@@ -21,6 +21,7 @@ from vllm.model_executor.layers.fused_moe.config import (
 from vllm.model_executor.layers.fused_moe.modular_kernel import FusedMoEKernel
 from vllm.model_executor.layers.quantization import get_quantization_config
 from vllm.model_executor.layers.quantization.moe_wna16 import MoeWNA16Config, MoeWNA16Method
+from conftest import group_off
 from vllm_platform_ext import quant
 from vllm_platform_ext.platform import MacaPlatform
 from vllm_platform_ext.quant import moe_wna16
@@ -223,26 +224,22 @@ def test_vendor_method_reads_disable_inplace_only_with_the_group(vendor_register
     from vllm_platform_ext import patching
 
     (group,) = [g for g in quant.groups() if g.name == moe_wna16.DISABLE_INPLACE_GROUP]
-    was_applied = patching.applied_targets(group.name)
-    if was_applied:  # the session's bootstrap applied it: take it off for the "before" half
-        patching.restore(group.name)
-    try:
-        assert group.skip_if() is None, "this vLLM's FusedMoEConfig should lack disable_inplace"
-        qconfig = get_quantization_config("moe_wna16").from_config(GPTQ)
-        method = qconfig.get_quant_method(_routed_experts(_moe_config()), "model.layers.0.mlp.experts")
-        assert type(method) is VendorMoeWNA16Method
-        with pytest.raises(AttributeError, match="disable_inplace"):
-            method.apply(None, torch.ones(1, 4))
-        report = Report()
-        assert patching.apply_group(group, report)
-        assert method.apply(None, torch.ones(1, 4)) == {"inplace": True}
-        assert moe_wna16.moe_inplace(_moe_config()) is True  # the plugin's own reading agrees
-        legacy = _moe_config(LegacyFusedMoEConfig, disable_inplace=True)  # a line that has the field
-        assert legacy.disable_inplace is True
-    finally:
-        patching.restore(group.name)
-        if was_applied:
-            patching.apply(group.name, list(group.build()))
+    with group_off(group):  # the session's bootstrap may hold it: off for the "before" half, back after
+        try:
+            assert group.skip_if() is None, "this vLLM's FusedMoEConfig should lack disable_inplace"
+            qconfig = get_quantization_config("moe_wna16").from_config(GPTQ)
+            method = qconfig.get_quant_method(_routed_experts(_moe_config()), "model.layers.0.mlp.experts")
+            assert type(method) is VendorMoeWNA16Method
+            with pytest.raises(AttributeError, match="disable_inplace"):
+                method.apply(None, torch.ones(1, 4))
+            report = Report()
+            assert patching.apply_group(group, report)
+            assert method.apply(None, torch.ones(1, 4)) == {"inplace": True}
+            assert moe_wna16.moe_inplace(_moe_config()) is True  # the plugin's own reading agrees
+            legacy = _moe_config(LegacyFusedMoEConfig, disable_inplace=True)  # a line that has the field
+            assert legacy.disable_inplace is True
+        finally:
+            patching.restore(group.name)
 
 
 def test_disable_inplace_group_not_needed_where_the_field_exists(monkeypatch):

@@ -6,12 +6,12 @@ CPU host), so it is spied on rather than run: non-uniform batches must reach it 
 """
 from __future__ import annotations
 
-import contextlib
 from types import SimpleNamespace
 
 import pytest
 import torch
 
+from conftest import group_off
 from vllm_platform_ext import patching
 from vllm_platform_ext.ops.turboquant.routing import spec_verify_rows, uniform_verify_width, workspace_rows
 
@@ -103,7 +103,7 @@ def patched():
         REGISTRY.register(impl)
     group = wiring.GROUPS[0]
     assert group.skip_if() is None
-    with _group_off(group):
+    with group_off(group):
         targets = patching.apply(group.name, list(group.build()))
         try:
             yield targets
@@ -111,22 +111,9 @@ def patched():
             patching.restore(group.name)
 
 
-@contextlib.contextmanager
-def _group_off(group):
-    """The group taken off for the test and put back after: an earlier file's in-process bootstrap
-    may hold it (test_compat_fallbacks' does; `pytest -n` runs the files in varying order)."""
-    was = patching.applied_targets(group.name)
-    patching.restore(group.name)
-    try:
-        yield
-    finally:
-        if was and not patching.applied_targets(group.name):
-            patching.apply(group.name, list(group.build()))
-
-
 def test_patch_group_applies_and_restores():
     group = wiring.GROUPS[0]
-    with _group_off(group):
+    with group_off(group):
         orig_forward = tq.TurboQuantAttentionImpl.forward
         targets = patching.apply(group.name, list(group.build()))
         try:
