@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import functools
 import json
 import os
 import random
@@ -147,19 +148,20 @@ class StepLog:
     cpus: dict = field(default_factory=dict)  # CPU -> timed steps that ended on it (the step's thread)
 
 
-_GETCPU = []
+@functools.cache
+def _sched_getcpu():
+    try:
+        return ctypes.CDLL(None).sched_getcpu
+    except (OSError, AttributeError):  # no glibc
+        return None
 
 
 def this_cpu() -> int | None:
     """The CPU the calling thread runs on now (glibc's ``sched_getcpu``), None where there is none.
     An engine's step at batch 1 is host work: window 9 saw one configuration at 5.6 or 9.4 ms from
     one engine instance to the next, on a quiet host; each row says where its steps ran."""
-    if not _GETCPU:
-        try:
-            _GETCPU.append(ctypes.CDLL(None).sched_getcpu)
-        except (OSError, AttributeError):
-            _GETCPU.append(None)
-    cpu = _GETCPU[0]() if _GETCPU[0] else -1
+    getcpu = _sched_getcpu()
+    cpu = getcpu() if getcpu else -1
     return cpu if cpu >= 0 else None
 
 
@@ -610,7 +612,8 @@ def merge_rounds(rows: list[dict]) -> list[dict]:
 
 
 def rounds_markdown(rows: list[dict]) -> str:
-    """Each round of each row (where there were several) with the host's load as it ran."""
+    """Each round of each row (where there were several) with the host's load as it ran and the CPU
+    most of its timed steps ran on."""
     lines = ["| config | batch | context | round | verify step ms | plain step ms | load 1m | steps' CPU |", "|" + "---|" * 8]
     f = lambda v: "—" if v is None else f"{v:.2f}"  # noqa: E731
     for r in rows:

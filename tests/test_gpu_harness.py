@@ -425,7 +425,7 @@ def test_run_cells_fails_a_family_the_kit_cannot_write_and_judges_the_rest(monke
     todo += [cells.Cell("qwen3_5_text", "mtp", 3), cells.Cell("qwen3_next", "ngram", 3, plugin=False)]
     from vllm_platform_ext.verify import cell_replay
     saved, save = [], cell_replay.save_runs  # runs.json after every engine, then once whole (a window cut short)
-    monkeypatch.setattr(cell_replay, "save_runs", lambda *a, **k: (saved.append((len(a[5]), a[8])), save(*a, **k))[1])
+    monkeypatch.setattr(cell_replay, "save_runs", lambda *a, **k: (saved.append((len(a[5]), k["pending"])), save(*a, **k))[1])
     res = {r.id: r for r in cells.run_cells(todo, tmp_path, cells.settings_for("core", 2), parallel=2,
                                             log_dir=tmp_path / "logs")}
     assert len(ran) == 3 and {tuple(e.items()) for _, e in ran} == {(), (("VLLM_PLUGINS", ""),)}

@@ -66,7 +66,7 @@ class RunsFile:
     def _save(self, runs: dict, spread_runs: dict, pending: int) -> None:
         self.digests = self.digests or {kind: checkpoint_digest(p) for kind, p in self.models.items()}
         save_runs(self.path, self.models, self.prompts, self.max_tokens, self.dims, runs, spread_runs,
-                  self.digests, pending)
+                  checkpoints=self.digests, pending=pending)
 
     def add(self, cell, spread_run: bool, run) -> None:
         with self.lock:
