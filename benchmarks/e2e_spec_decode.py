@@ -258,17 +258,11 @@ def _prompts(batch: int, context: int, vocab: int) -> list[list[int]]:
     return [[r.randrange(4, vocab) for _ in range(context)] for _ in range(batch)]
 
 
-def worker(job_path: str, out_path: str) -> int:
-    """One engine for all of the job's (batch, context) pairs: the first through ``run_engine``,
-    the others on the same engine afterwards (each: one warm-up generate, then the timed one, its
-    steps logged apart). Sized for the largest pair."""
-    job = json.loads(Path(job_path).read_text())
-    from vllm_platform_ext.verify.engine import (EngineConfig, EngineSettings, apply_engine_env, engine_path,
-                                                 run_engine, timed_generate)
+def engine_setup(job: dict):
+    """The job's ``(EngineConfig, EngineSettings, LLM kwargs)``: sized for its largest (batch, context)
+    pair, async scheduling off (one step is one forward and its sampling), dummy weights unless tiny."""
+    from vllm_platform_ext.verify.engine import EngineConfig, EngineSettings
 
-    apply_engine_env()
-    log = StepLog(profile=job.get("profile"), profile_to=job.get("profile_to"))
-    install_step_timer(log)
     s = job["setup"]
     pairs = [tuple(p) for p in job["pairs"]]
     cfg = EngineConfig(s["mode"], s["k"], kv_cache_dtype=s["kv"], graphs=s["graphs"], tp=job.get("tp", 1))
@@ -280,6 +274,21 @@ def worker(job_path: str, out_path: str) -> int:
     extra = {"async_scheduling": False}
     if job["dummy"]:
         extra.update(load_format="dummy", skip_tokenizer_init=True)
+    return cfg, settings, extra
+
+
+def worker(job_path: str, out_path: str) -> int:
+    """One engine for all of the job's (batch, context) pairs: the first through ``run_engine``,
+    the others on the same engine afterwards (each: one warm-up generate, then the timed one, its
+    steps logged apart). Sized for the largest pair."""
+    job = json.loads(Path(job_path).read_text())
+    from vllm_platform_ext.verify.engine import apply_engine_env, engine_path, run_engine, timed_generate
+
+    apply_engine_env()
+    log = StepLog(profile=job.get("profile"), profile_to=job.get("profile_to"))
+    install_step_timer(log)
+    pairs = [tuple(p) for p in job["pairs"]]
+    cfg, settings, extra = engine_setup(job)
     results = []
 
     def _fresh_log() -> dict:
@@ -310,22 +319,34 @@ def worker(job_path: str, out_path: str) -> int:
 
 # ------------------------------------------------------------------- the driver
 
-def run_setup(model: Path, setup: Setup, pairs: list[tuple[int, int]], a, timeout: float | None = None) -> list[dict]:
-    """One engine process for ``setup`` over the (batch, context) ``pairs``; one result per pair
-    (each ``{"error": ...}`` where the engine failed)."""
-    batch, context = pairs[0]
-    job = {"model": str(model), "setup": asdict(setup), "pairs": [list(p) for p in pairs], "tp": a.tp,
-           "max_tokens": a.max_tokens, "max_num_batched_tokens": a.max_num_batched_tokens,
-           "gpu_memory_utilization": a.gpu_memory_utilization, "dummy": a.model != "tiny",
-           "kv_cache_memory_bytes": a.kv_cache_memory_bytes,
-           "vocab": 256 if a.model == "tiny" else 248320}
-    if a.profile:  # one step of the class the setup runs most: verify with speculation, plain without
-        job["profile"] = "verify" if setup.mode != "base" else "plain"
-        job["profile_to"] = str(Path(a.out).resolve() / f"{setup.name}-{setup.graphs}-b{batch}-c{context}-{job['profile']}")
+def engine_job(model: Path, setup: Setup, pairs: list[tuple[int, int]], a) -> dict:
+    """What an engine process is told (``worker`` / ``engine_setup``): the setup, its pairs, the sizes."""
+    return {"model": str(model), "setup": asdict(setup), "pairs": [list(p) for p in pairs], "tp": a.tp,
+            "max_tokens": a.max_tokens, "max_num_batched_tokens": a.max_num_batched_tokens,
+            "gpu_memory_utilization": a.gpu_memory_utilization, "dummy": a.model != "tiny",
+            "kv_cache_memory_bytes": a.kv_cache_memory_bytes,
+            "vocab": 256 if a.model == "tiny" else 248320}
+
+
+def engine_env(setup: Setup) -> dict:
+    """An engine process's environment: this repository importable, the plugin off where the setup
+    says so (``VLLM_PLUGINS=""``), the setup's own variables."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
     if not setup.plugin:
         env["VLLM_PLUGINS"] = ""
     env.update(dict(setup.env))
+    return env
+
+
+def run_setup(model: Path, setup: Setup, pairs: list[tuple[int, int]], a, timeout: float | None = None) -> list[dict]:
+    """One engine process for ``setup`` over the (batch, context) ``pairs``; one result per pair
+    (each ``{"error": ...}`` where the engine failed)."""
+    batch, context = pairs[0]
+    job = engine_job(model, setup, pairs, a)
+    if a.profile:  # one step of the class the setup runs most: verify with speculation, plain without
+        job["profile"] = "verify" if setup.mode != "base" else "plain"
+        job["profile_to"] = str(Path(a.out).resolve() / f"{setup.name}-{setup.graphs}-b{batch}-c{context}-{job['profile']}")
+    env = engine_env(setup)
     with tempfile.TemporaryDirectory() as tmp:
         jp, op = Path(tmp, "job.json"), Path(tmp, "out.json")
         jp.write_text(json.dumps(job))
@@ -532,9 +553,10 @@ def plot(rows: list[dict], path: Path, tokens_per_step: str = "2.5") -> Path:
     return path
 
 
-def report(rows: list[dict], out: Path, title: str, head: dict) -> str:
+def report(rows: list[dict], out: Path, title: str, head: dict, extra: str = "", extra_data: dict | None = None) -> str:
     """e2e.md (run header, table, goals), e2e.json, and e2e.png where matplotlib is installed. With
-    several rounds: the table and goals from each row's median (``merge_rounds``), every round below."""
+    several rounds: the table and goals from each row's median (``merge_rounds``), every round below.
+    ``extra``: Markdown appended to the body; ``extra_data``: more keys for e2e.json's data."""
     raw, rows = rows, merge_rounds(rows)
     table = goals(rows)
     body = markdown(rows, "").lstrip("\n") + "\n## Goals (issue 24)\n\n" + goals_markdown(table)
@@ -545,8 +567,10 @@ def report(rows: list[dict], out: Path, title: str, head: dict) -> str:
         body += f"\n![tokens/s]({plot(rows, out / 'e2e.png').name})\n"
     except ImportError:
         body += "\n(no plot: matplotlib is not installed here; `--replot e2e.json` on a machine that has it)\n"
+    body += extra
     write_result(out / "e2e.md", title, head, body, {"rows": rows, "goals": table,
-                                                     **({"round_rows": raw} if raw != rows else {})})
+                                                     **({"round_rows": raw} if raw != rows else {}),
+                                                     **(extra_data or {})})
     return body
 
 
