@@ -19,7 +19,7 @@ with the steps.
 
 Output: ``e2e.md`` / ``e2e.json`` / ``e2e.png`` as ``e2e_spec_decode.py`` writes them (each block is a
 round there: the table and goals take each configuration's median block), then the blocks side by side:
-each block's steps, probes, CPUs, and the pair's ratio; the median of the ratios per CPU-set half and
+each block's steps, probes, CPUs, the time the hypervisor stole from the engine's CPUs during it, and the pair's ratio; the median of the ratios per CPU-set half and
 overall. Engine logs: ``DIR/engine-<config>/engine.log``.
 """
 from __future__ import annotations
@@ -81,6 +81,22 @@ def host_probe(n: int = 200_000, reps: int = 3) -> float:
     return statistics.median(times)
 
 
+def steal_ms(cpus) -> float | None:
+    """Milliseconds the hypervisor has so far run something else on ``cpus`` while they had work
+    (``/proc/stat``'s steal column, summed over those CPUs); None where the kernel reports none."""
+    total, seen = 0, False
+    try:
+        with open("/proc/stat") as f:
+            for line in f:
+                name, *fields = line.split()
+                if name.startswith("cpu") and name[3:].isdigit() and int(name[3:]) in cpus and len(fields) > 7:
+                    total += int(fields[7])
+                    seen = True
+    except OSError:
+        return None
+    return 1e3 * total / os.sysconf("SC_CLK_TCK") if seen else None
+
+
 def pin_group(leader: int, cpus: set[int]) -> int:
     """Pin every thread of every process in ``leader``'s process group to ``cpus``; the count pinned."""
     n = 0
@@ -128,10 +144,13 @@ def serve(job_path: str, d: str) -> int:
                 time.sleep(POLL_S)
             probe = host_probe()
             log.verify, log.plain, log.mixed, log.cpus = [], [], 0, {}
-            t0 = time.time()
+            mine = os.sched_getaffinity(0)
+            t0, stolen = time.time(), steal_ms(mine)
             outs, gen_s, spec = timed_generate(llm, prompts, sp, 0)
+            after = steal_ms(mine)
             _write_json(d / f"done.{i}.json", {
-                "t0": t0, "probe_ms": probe, "affinity": sorted(os.sched_getaffinity(0)),
+                "t0": t0, "probe_ms": probe, "affinity": sorted(mine),
+                "steal_ms": None if stolen is None or after is None else after - stolen,
                 "steps": {"verify": log.verify, "plain": log.plain, "mixed": log.mixed, "cpus": log.cpus},
                 "run": {"generate_s": gen_s, "num_generated": sum(len(o.outputs[0].token_ids) for o in outs),
                         "engine_path": path, **spec}})
@@ -212,7 +231,8 @@ def run_pair(model: Path, pair: list[E.Setup], batch: int, context: int, a, out:
                 done = e.wait_for(f"done.{i}.json", time.time() + a.block_timeout)
                 res = {"run": done["run"], "steps": done["steps"] | {"gpu_local_cpus": ready[j]["gpu_local_cpus"]}}
                 row = E.summarize(e.setup, batch, context, res) | E._host_load(i + 1)
-                row |= {"probe_ms": done["probe_ms"], "cpu_set": done["affinity"], "first": pos == 0, "t0": done["t0"]}
+                row |= {"probe_ms": done["probe_ms"], "cpu_set": done["affinity"], "first": pos == 0, "t0": done["t0"],
+                        "steal_ms": done.get("steal_ms")}
                 rows.append(row)
                 with open(out / "rows.jsonl", "a") as f:
                     f.write(json.dumps(row) + "\n")
@@ -226,6 +246,10 @@ def run_pair(model: Path, pair: list[E.Setup], batch: int, context: int, a, out:
 
 def step_ms(row: dict) -> float | None:
     return row.get("verify_ms") or row.get("plain_ms")
+
+
+def _ms(v) -> str:
+    return "—" if v is None else f"{v:.0f}"
 
 
 def _cpus_text(cpus) -> str:
@@ -242,7 +266,7 @@ def pair_table(rows: list[dict], names: tuple[str, str]) -> tuple[str, dict]:
     blocks = sorted({b for _, b in by})
     a, b = names
     lines = [f"| block | first | {a} step ms | {b} step ms | {a} / {b} | {a} probe ms | {b} probe ms | "
-             f"{a} CPU set | {a} steps' CPU | {b} steps' CPU |", "|" + "---|" * 10]
+             f"{a} CPU set | {a} steps' CPU | {b} steps' CPU | {a} steal ms | {b} steal ms |", "|" + "---|" * 12]
     ratios, halves = [], {}
     for k in blocks:
         x, y = by.get((a, k)), by.get((b, k))
@@ -253,7 +277,7 @@ def pair_table(rows: list[dict], names: tuple[str, str]) -> tuple[str, dict]:
         halves.setdefault(_cpus_text(x["cpu_set"]), []).append(q)
         lines.append(f"| {k} | {a if x['first'] else b} | {step_ms(x):.2f} | {step_ms(y):.2f} | {q:.3f} | "
                      f"{x['probe_ms']:.1f} | {y['probe_ms']:.1f} | {_cpus_text(x['cpu_set'])} | "
-                     f"{E.main_cpu(x)} | {E.main_cpu(y)} |")
+                     f"{E.main_cpu(x)} | {E.main_cpu(y)} | {_ms(x.get('steal_ms'))} | {_ms(y.get('steal_ms'))} |")
     med = lambda v: statistics.median(v) if v else None  # noqa: E731
     figures = {"pair": [a, b], "ratios": ratios, "median_ratio": med(ratios),
                "min_ratio": min(ratios, default=None), "max_ratio": max(ratios, default=None),
@@ -316,7 +340,7 @@ def main(argv=None) -> int:
     ok = [r for r in rows if "error" not in r]
     table, figures = pair_table(ok, (pair[0].name, pair[1].name))
     extra = ("\n## Blocks side by side (both engines alive; each block: one timed generate each, in alternating "
-             "order; CPU sets swapped halfway; probe: a fixed Python loop on the engine's thread just before)\n\n"
+             "order; CPU sets swapped halfway; probe: a fixed Python loop on the engine's thread just before; steal: time the hypervisor ran something else on the engine's CPUs during its generate)\n\n"
              + table + "".join(f"\nerror: {r['error']}\n" for r in errors))
     title = (f"Paired end-to-end step times, model {a.model}"
              + (f" ({a.layers} layers, dummy weights)" if a.model != "tiny" else "") + f": {' vs '.join(names)}")

@@ -77,6 +77,13 @@ def test_pin_group_repins_every_thread_of_the_group():
         proc.wait()
 
 
+def test_steal_is_read_per_cpu_from_proc_stat():
+    """The steal column summed over the CPUs asked, in ms; it only grows."""
+    mine = os.sched_getaffinity(0)
+    a = P.steal_ms(mine)
+    assert a is not None and a >= 0  # Linux has had the column since 2.6.11 and P.steal_ms(mine) >= a and P.steal_ms(set()) is None
+
+
 def test_probe_times_python_work():
     assert 0 < P.host_probe(n=20_000, reps=1) < P.host_probe(n=400_000, reps=1)
 
@@ -107,6 +114,7 @@ def test_two_cpu_engines_take_turns_and_swap_cpus(tmp_path):
     assert sorted((r["config"], r["round"]) for r in rows) == sorted((c, b) for c in ("B", "B-off") for b in range(1, 5))
     for r in rows:
         assert "error" not in r and r["verify_steps"] >= 3 and r["verify_ms"] > 0 and r["probe_ms"] > 0, r
+        assert r["steal_ms"] is None or r["steal_ms"] >= 0, r
         own = 0 if (r["config"] == "B") == (r["round"] <= 2) else 1  # B starts on set 0, B-off on set 1; swapped at block 3
         assert r["cpu_set"] == sets[own], r
         assert {int(c) for c in r["step_cpus"]} <= set(sets[own]), r

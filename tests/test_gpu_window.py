@@ -79,3 +79,40 @@ def test_poll_ends_once_the_jobs_it_waits_for_are_done(tmp_path):
               "echo took=$(( $(date +%s) - t ))", tmp_path, R=str(r), POLL_EVERY="0.2", OUT="")
     assert p.returncode == 0, p.stderr
     assert "done: a " in p.stdout and int(p.stdout.rsplit("took=", 1)[1]) < 10
+
+
+def test_wait_jobs_waits_for_the_jobs_not_for_the_host_logger(tmp_path):
+    """The endless host logger runs beside the jobs; waiting for the jobs must not wait for it (a bare
+    `wait` did, and the plan's next step never started in windows 9 and 10)."""
+    r = tmp_path / "w"
+    p = _bash(f". {WINDOW}/lib.sh; host_log 0.2; job a 0 0 sleep 0.5; t=$(date +%s); wait_jobs; "
+              "echo took=$(( $(date +%s) - t )); sleep 0.6", tmp_path, R=str(r))
+    try:
+        assert p.returncode == 0, p.stderr
+        assert int(p.stdout.rsplit("took=", 1)[1]) < 5 and (r / "a.done").exists()
+        lines = (r / "host.log").read_text().splitlines()
+        assert len(lines) >= 2 and all(len(l.split("|")) == 3 for l in lines), lines
+        assert float(lines[0].split()[1]) >= 0  # the 1-minute load average
+        time.sleep(0.5)
+        assert len((r / "host.log").read_text().splitlines()) > len(lines)  # still logging after the plan's shell ended
+    finally:
+        os.kill(int((r / "host_log.pid").read_text()), 9)
+
+
+def test_a_launched_plan_outlives_the_call_that_launched_it(tmp_path):
+    """A device call's processes end with the call: a plan started with `launch` keeps running after
+    the launching shell's whole process group is killed; a plain background job does not."""
+    r = tmp_path / "w"
+    plan = tmp_path / "plan.sh"
+    plan.write_text(f"sleep 1; touch {r}/launched.ok\n")
+    call = subprocess.Popen(["bash", "-c", f". {WINDOW}/lib.sh; launch {plan} {tmp_path}/plan.log; "
+                             f"job plain 0 0 bash -c 'sleep 1; touch {r}/plain.ok'; sleep 30"],
+                            cwd=tmp_path, env={**os.environ, "R": str(r)}, start_new_session=True)
+    time.sleep(0.3)
+    os.killpg(call.pid, 9)  # the call ends
+    call.wait()
+    deadline = time.time() + 10
+    while not (r / "launched.ok").exists() and time.time() < deadline:
+        time.sleep(0.1)
+    time.sleep(1)
+    assert (r / "launched.ok").exists() and not (r / "plain.ok").exists()
