@@ -118,3 +118,12 @@ def test_cpu_gdn_probe_on_each_lines_source(key):
         assert "_cpu_gdn_attention_spec_aware" not in source
     else:
         assert reason is None and "def _cpu_gdn_attention_spec_aware(" in source
+        # the SSM memory order the steady steps share with vLLM's kernel: this line's own _ssm_state_view
+        import ast
+
+        import torch
+
+        fn = next(n for n in ast.parse(source).body if isinstance(n, ast.FunctionDef) and n.name == "_ssm_state_view")
+        space = {"torch": torch}
+        exec(compile(ast.Module([fn], []), path, "exec"), space)
+        assert gdn_cpu.state_order(space["_ssm_state_view"]) == "kv"

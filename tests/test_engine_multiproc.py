@@ -33,8 +33,12 @@ if __name__ == "__main__":
                         SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True, detokenize=False))
     from vllm_platform_ext.verify.engine import spec_counters
     import vllm_platform_ext as v
+    def gdn_routes(self=None):
+        from vllm_platform_ext.wiring.gdn_cpu import STATS
+        return dict(STATS)
+    routes = llm.collective_rpc(gdn_routes)
     print("JSON" + json.dumps({"main_pid": os.getpid(), "main_runs": v.bootstrap_info()["runs"],
-                               "workers": states, "prompts": prompts, "spec": spec_counters(llm),
+                               "workers": states, "routes": routes, "prompts": prompts, "spec": spec_counters(llm),
                                "tokens": [list(o.outputs[0].token_ids) for o in outs]}))
 """
 
@@ -70,6 +74,10 @@ def test_bootstrap_once_in_spawned_engine_and_generation(tmp_path, tiny_next, cp
     spec = out["spec"]
     assert spec["num_draft_tokens"] > 0, f"no ngram draft proposed: {spec}"
     assert spec["num_accepted_tokens"] > 0, f"drafts proposed but none accepted: {spec}"
+    # Both routes of the patched GDN path ran in the engine: ngram's short-draft and mixed steps on the
+    # plugin's ops, its steps where every row drafted 3 tokens back on vLLM's own function.
+    (routes,) = out["routes"]
+    assert routes["calls"] > routes["delegated"] > 0, routes
 
     # The spawned engine's greedy tokens, audited by float32 transformers (teacher forcing).
     import torch

