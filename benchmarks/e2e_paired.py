@@ -143,7 +143,7 @@ def serve(job_path: str, d: str) -> int:
                     return
                 time.sleep(POLL_S)
             probe = host_probe()
-            log.verify, log.plain, log.mixed, log.cpus = [], [], 0, {}
+            log.take()  # nothing of the wait between blocks
             mine = os.sched_getaffinity(0)
             t0, stolen = time.time(), steal_ms(mine)
             outs, gen_s, spec = timed_generate(llm, prompts, sp, 0)
@@ -151,7 +151,7 @@ def serve(job_path: str, d: str) -> int:
             _write_json(d / f"done.{i}.json", {
                 "t0": t0, "probe_ms": probe, "affinity": sorted(mine),
                 "steal_ms": None if stolen is None or after is None else after - stolen,
-                "steps": {"verify": log.verify, "plain": log.plain, "mixed": log.mixed, "cpus": log.cpus},
+                "steps": log.take(),
                 "run": {"generate_s": gen_s, "num_generated": sum(len(o.outputs[0].token_ids) for o in outs),
                         "engine_path": path, **spec}})
             i += 1
@@ -166,7 +166,7 @@ class Engine:
     """One configuration's engine process (its own process group, its own directory)."""
 
     def __init__(self, setup: E.Setup, job: dict, d: Path, cpus: set[int] | None):
-        self.setup, self.d, self.cpus = setup, d, cpus
+        self.setup, self.d = setup, d
         d.mkdir(parents=True, exist_ok=True)
         (d / "job.json").write_text(json.dumps(job))
         self.log = open(d / "engine.log", "w")
@@ -189,7 +189,6 @@ class Engine:
 
     def pin(self, cpus: set[int]) -> None:
         pin_group(self.proc.pid, cpus)
-        self.cpus = cpus
 
     def stop(self, grace: float = 60) -> None:
         (self.d / "quit").touch()

@@ -147,6 +147,12 @@ class StepLog:
     profiled: str | None = None  # the trace written
     cpus: dict = field(default_factory=dict)  # CPU -> timed steps that ended on it (the step's thread)
 
+    def take(self) -> dict:
+        """The steps logged so far (as a dict), the log emptied for the next timed run."""
+        steps = asdict(self)
+        self.verify, self.plain, self.mixed, self.cpus = [], [], 0, {}
+        return steps
+
 
 @functools.cache
 def _sched_getcpu():
@@ -291,18 +297,13 @@ def worker(job_path: str, out_path: str) -> int:
     cfg, settings, extra = engine_setup(job)
     results = []
 
-    def _fresh_log() -> dict:
-        steps = asdict(log)
-        log.verify, log.plain, log.mixed, log.cpus = [], [], 0, {}
-        return steps
-
     def more(llm, sp):
-        results.append({"steps": _fresh_log()})  # the first pair's steps (run_engine's warm-up and timed run)
+        results.append({"steps": log.take()})  # the first pair's steps (run_engine's warm-up and timed run)
         for batch, context in pairs[1:]:  # one warm-up each, logged as run_engine's is
             outs, gen_s, spec = timed_generate(llm, _prompts(batch, context, job["vocab"]), sp, settings.warmup_runs)
             results.append({"run": {"generate_s": gen_s, "num_generated": sum(len(o.outputs[0].token_ids) for o in outs),
                                     "engine_path": engine_path(llm), **spec},
-                            "steps": _fresh_log()})
+                            "steps": log.take()})
 
     first_batch, first_context = pairs[0]
     run = run_engine(job["model"], _prompts(first_batch, first_context, job["vocab"]), cfg, settings,
