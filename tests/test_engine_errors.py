@@ -37,6 +37,12 @@ def test_a_native_abort_is_named_by_its_python_error_not_a_stack_frame():
     # a known message wins over a later exception line
     ("AssertionError: Workspace is locked but\nRuntimeError: Engine core initialization failed.",
      ["Workspace is locked"], "AssertionError: Workspace is locked but"),
+    # among the lines naming it, the exception line, not a native dump's what() echo after it
+    ("torch.AcceleratorError: CUDA error: an illegal memory access\n  what():  CUDA error: an illegal memory access\n"
+     "frame #0: c10::Error", ["an illegal memory access"], "torch.AcceleratorError: CUDA error: an illegal memory access"),
+    # no exception line names it: the last line that does
+    ("engine: an illegal memory access\n  what():  an illegal memory access", ["an illegal memory access"],
+     "what():  an illegal memory access"),
     # no known message: the last exception line, not the trailing hint
     ("Traceback (most recent call last):\n  File \"x.py\", line 1\nValueError: Unknown TurboQuant cache dtype: "
      "'auto'\nSee root cause above.", [], "ValueError: Unknown TurboQuant cache dtype: 'auto'"),

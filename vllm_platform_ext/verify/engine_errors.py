@@ -29,12 +29,14 @@ def harness_error(error: str) -> bool:
 
 def error_line(error: str, known: list[str] | tuple[str, ...] = ()) -> str:
     """The one line of an engine's error output that names the failure (at most 300 characters): the
-    last line holding one of ``known`` (messages the caller knows to look for), else the last Python
-    exception line, else the last line outside a native stack dump, else the last line."""
+    last line holding one of ``known`` (messages the caller knows to look for; a Python exception line
+    first), else the last Python exception line, else the last line outside a native stack dump, else
+    the last line."""
     lines = [line.strip() for line in error.strip().splitlines() if line.strip()]
     if not lines:
         return ""
-    for pick in (lambda l: any(m in l for m in known if m), _EXCEPTION.match,
+    named = lambda l: any(m in l for m in known if m)  # noqa: E731
+    for pick in (lambda l: named(l) and _EXCEPTION.match(l), named, _EXCEPTION.match,
                  lambda l: not _NATIVE_TAIL.match(l)):
         hit = next((l for l in reversed(lines) if pick(l)), None)
         if hit is not None:
