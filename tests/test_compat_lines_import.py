@@ -127,3 +127,5 @@ def test_cpu_gdn_probe_on_each_lines_source(key):
         space = {"torch": torch}
         exec(compile(ast.Module([fn], []), path, "exec"), space)
         assert gdn_cpu.state_order(space["_ssm_state_view"]) == "kv"
+        # the native recurrence kernel's call the steady steps make after the plugin's conv: this line's own
+        assert gdn_cpu.spec_forward_call(source)

@@ -135,6 +135,7 @@ def rank_state(worker=None) -> dict:
         from vllm_platform_ext.wiring.gdn_cpu import STATS
 
         out["gdn_cpu_spec_calls"] = STATS["calls"]
+        out["gdn_cpu_spec_native"] = STATS.get("native", 0)
         out["gdn_cpu_spec_delegated"] = STATS["delegated"]
     except Exception:
         pass
@@ -159,7 +160,8 @@ def rank_lines(ranks: list[dict]) -> list[str]:
         ws = r.get("workspace_bytes")
         return (f"bootstrap x{r.get('bootstrap_runs')} ({r.get('summary')}); GDN {gdn or '-'}; attention {attn or '-'}"
                 + (f"; workspace {ws} B" if ws is not None else "")
-                + (f"; CPU GDN spec calls {r['gdn_cpu_spec_calls']} ({r.get('gdn_cpu_spec_delegated', 0)} steady, to vLLM's own)"
+                + (f"; CPU GDN spec calls {r['gdn_cpu_spec_calls']} (steady: {r.get('gdn_cpu_spec_native', 0)} plugin conv + "
+                   f"vLLM's kernel, {r.get('gdn_cpu_spec_delegated', 0)} to vLLM's own)"
                    if "gdn_cpu_spec_calls" in r else ""))
 
     pids = ", ".join(str(r.get("pid")) for r in ranks)

