@@ -134,8 +134,8 @@ def steady_step(md, width: int, state_len: int) -> bool:
     n = md.num_spec_decodes
     if md.spec_sequence_masks is None or md.num_prefills > 0 or md.num_decodes > 0 or not n:
         return False
-    qsl = md.spec_query_start_loc[: n + 1]
-    return bool(((qsl[1:] - qsl[:-1]) == state_len - width + 2).all())
+    qsl = md.spec_query_start_loc[: n + 1].tolist()  # a few host ints: cheaper than tensor ops on them
+    return all(e - s == state_len - width + 2 for s, e in zip(qsl, qsl[1:]))
 
 
 def _conv_weight(layer):

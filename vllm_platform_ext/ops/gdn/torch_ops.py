@@ -158,17 +158,27 @@ def causal_conv1d_update(x, conv_states, weight, bias, activation, conv_state_in
         valid = pos[None, :] < lengths[:, None]  # (n, q_max)
         tok = (starts[:, None] + pos).clamp(max=x.shape[0] - 1)
         xs = x[tok].masked_fill(~valid[:, :, None], 0).transpose(1, 2)
-    seq = torch.cat([window.float(), xs.float()], dim=2)  # (n, dim, width-1+q_max)
-    # the depthwise conv as one contraction over the window (F.conv1d's depthwise call costs more here)
-    y = torch.einsum("ndtw,dw->ndt", seq.unfold(2, width, 1), weight.float())
+    # the depthwise conv in float32 as width multiply-adds over shifted views of the window and the tokens,
+    # laid out (n, time, dim) so each runs along dim (an einsum / bmm of dim x n tiny contractions, or
+    # F.conv1d's depthwise call, costs more here)
+    seq = torch.empty(n_live := len(live), width - 1 + q_max, x.shape[1], dtype=torch.float32)
+    seq[:, : width - 1] = window.transpose(1, 2)
+    seq[:, width - 1:] = xs.transpose(1, 2)
+    wf = weight.float().t()  # (width, dim)
+    y = seq[:, :q_max] * wf[0]
+    for j in range(1, width):
+        y.addcmul_(seq[:, j: j + q_max], wf[j])
     if bias is not None:
-        y = y + bias.float()[:, None]
-    y = _act(y, activation).transpose(1, 2)  # (n, q_max, dim)
+        y += bias.float()
+    y = _act(y, activation)  # (n, q_max, dim)
     if full:
-        out[: len(live) * q_max] = y.reshape(-1, y.shape[-1]).to(x.dtype)
+        out[: n_live * q_max] = y.reshape(-1, y.shape[-1])  # y is contiguous: a view
     else:
         out[tok[valid]] = y[valid].to(x.dtype)
-    new = torch.cat([window[:, :, 1:], xs.to(states.dtype)], dim=2)  # (n, dim, width-2+q_max)
+    # (n, dim, width-2+q_max): the window's last width-2 columns, then the tokens, from the float32 buffer (exact
+    # for tokens of 32 bits or fewer; wider ones are rounded to the cache's dtype directly, as a cast would)
+    new = (seq[:, 1:].transpose(1, 2).to(states.dtype) if x.element_size() <= 4
+           else torch.cat([window[:, :, 1:], xs.to(states.dtype)], dim=2))
     if full:
         conv_states[slots, :, : width - 2 + q_max] = new
     else:
