@@ -12,6 +12,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from vllm_platform_ext import patching
 from vllm_platform_ext.wiring import gdn_cpu
 
 WIDTH, NUM_SPEC = 4, 3
@@ -235,7 +236,7 @@ def _rel_err(outs):
 @pytest.fixture
 def routes(monkeypatch):
     """The plugin's ops registered, vLLM's own steady loop on its torch conv (no AMX / ARM packing on
-    this fake layer), and the route probe fresh before and after."""
+    this fake layer) at the module's attribute, and the route probe fresh before and after."""
     from vllm.model_executor.layers.mamba.ops.cpu import gdn_attention
 
     from vllm_platform_ext.ops import register_all
@@ -244,7 +245,15 @@ def routes(monkeypatch):
     monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False)
     monkeypatch.setattr(gdn_attention, "is_arm_bf16", lambda: False)
     monkeypatch.setattr(gdn_cpu, "STATS", {"calls": 0, "native": 0, "delegated": 0})
-    monkeypatch.setattr(gdn_cpu, "_vllms_own", lambda: gdn_attention._cpu_gdn_attention_spec_aware)
+    # vLLM's own function even where an earlier test in this process applied the patch group (CI's workers
+    # run several files in one process): the module attribute is then the plugin's, its original is vLLM's
+    try:
+        own = patching.original(gdn_cpu.TARGET)
+    except patching.PatchError:
+        own = gdn_attention._cpu_gdn_attention_spec_aware
+    assert own is not gdn_cpu.spec_aware_core
+    monkeypatch.setattr(gdn_attention, "_cpu_gdn_attention_spec_aware", own)
+    monkeypatch.setattr(gdn_cpu, "_vllms_own", lambda: own)
     gdn_cpu._steady_route.cache_clear()
     yield gdn_attention
     gdn_cpu._steady_route.cache_clear()
