@@ -81,6 +81,18 @@ def test_poll_ends_once_the_jobs_it_waits_for_are_done(tmp_path):
     assert "done: a " in p.stdout and int(p.stdout.rsplit("took=", 1)[1]) < 10
 
 
+def test_poll_ends_once_the_plan_has_ended(tmp_path):
+    """A plan's last line writes $R/plan.end: the poll stops there even when it was asked for more jobs than the
+    plan has (window 12: 5 asked, 1 job, 150 s of device time polled after the end)."""
+    r = tmp_path / "w"
+    plan = tmp_path / "plan.sh"
+    plan.write_text(f". {WINDOW}/lib.sh; job a 0 0 sleep 1; wait_jobs; date +%s > $R/plan.end\n")
+    p = _bash(f". {WINDOW}/lib.sh; launch {plan} {tmp_path}/plan.log; t=$(date +%s); "
+              f"bash {WINDOW}/poll.sh 60 5; echo took=$(( $(date +%s) - t ))", tmp_path, R=str(r), POLL_EVERY="0.2", OUT="")
+    assert p.returncode == 0, p.stderr
+    assert "done: a " in p.stdout and "plan.end" in p.stdout and int(p.stdout.rsplit("took=", 1)[1]) < 10
+
+
 def test_wait_jobs_waits_for_the_jobs_not_for_the_host_logger(tmp_path):
     """The endless host logger runs beside the jobs; waiting for the jobs must not wait for it (a bare
     `wait` did, and the plan's next step never started in windows 9 and 10)."""
