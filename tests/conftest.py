@@ -28,9 +28,9 @@ def python():
 
 @contextlib.contextmanager
 def group_off(group):
-    """A patch group taken off for a test and put back after, as it was: an earlier test file's
-    in-process bootstrap may hold it (test_compat_fallbacks' does), and `pytest -n` runs the files in
-    varying order on its workers."""
+    """A patch group taken off for a test and put back after, as it was: vLLM's plugin loader run in
+    this process may hold it (``in_process_bootstrap`` takes its groups off on the way out; vLLM code
+    that loads plugins itself does not), and `pytest -n` runs the files in varying order on its workers."""
     from vllm_platform_ext import patching
 
     was = patching.applied_targets(group.name)
@@ -40,6 +40,27 @@ def group_off(group):
     finally:
         if was and not patching.applied_targets(group.name):
             patching.apply(group.name, list(group.build()))
+
+
+@contextlib.contextmanager
+def in_process_bootstrap():
+    """vLLM's plugin loader run in this process -- our bootstrap through the entry point: compat's op
+    schemas, the ops, the patch groups -- for a test file that needs compat in-process; yields the
+    bootstrap's report. On the way out the patch groups it applied are taken off again, so no later file
+    in the same process (CI's xdist workers run several files each) meets vLLM's functions patched
+    where it takes them for upstream's (dd70edd: test_gdn_cpu_wiring's "vLLM's own" was then the
+    plugin's). Compat's schemas stay: they only add what the line lacks."""
+    import vllm_platform_ext
+    from vllm.plugins import load_general_plugins
+    from vllm_platform_ext import patching
+
+    before = set(patching.applied_targets())
+    load_general_plugins()
+    try:
+        yield vllm_platform_ext.bootstrap_report()
+    finally:
+        for group in {patching.group_of(t) for t in set(patching.applied_targets()) - before}:
+            patching.restore(group)
 
 
 def cpu_path_params():

@@ -6,6 +6,7 @@ import math
 import pytest
 import torch
 
+from conftest import in_process_bootstrap
 from vllm_platform_ext.compat import fallbacks, nvfp4
 
 FP8 = torch.float8_e4m3fn
@@ -16,12 +17,9 @@ E2M1_GRID = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0], dtype=torch.f
 
 @pytest.fixture(scope="module", autouse=True)
 def compat_applied():
-    from vllm.plugins import load_general_plugins
-
-    load_general_plugins()
-    import vllm_platform_ext
-
-    assert vllm_platform_ext.bootstrap_report() is not None
+    with in_process_bootstrap() as report:
+        assert report is not None
+        yield
 
 
 def C(name):

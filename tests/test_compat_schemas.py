@@ -5,6 +5,7 @@ import textwrap
 import pytest
 import torch
 
+from conftest import in_process_bootstrap
 from vllm_platform_ext.compat import registry, scan, schemas
 from vllm_platform_ext.compat.schemas import REAL, STUB, OpSchema
 from vllm_platform_ext.report import Report, Status
@@ -24,12 +25,8 @@ def installed_rows():
 
 @pytest.fixture(scope="module")
 def boot():
-    from vllm.plugins import load_general_plugins
-
-    load_general_plugins()
-    import vllm_platform_ext
-
-    return vllm_platform_ext.bootstrap_report()
+    with in_process_bootstrap() as report:
+        yield report
 
 
 # ---- the scanner ----------------------------------------------------------------------------

@@ -60,7 +60,9 @@ def test_steady_steps_take_their_route_and_the_others_the_plugins_ops(monkeypatc
     gdn_cpu.spec_aware_core(layer, steady, x, x, x, x, WIDTH, STATE_LEN)
     assert {k: len(v) for k, v in calls.items()} == {"native": 0, "upstream": 0, "ours": 0, steady_to: 1}
     got = calls[steady_to][0]
-    if steady_to != "ours":
+    if steady_to == "native":
+        assert got[1] is steady and len(got) == 6
+    elif steady_to == "upstream":  # vLLM's own function gets every argument
         assert got[1] is steady and got[6:] == (WIDTH, STATE_LEN)
     short = _md([4, 2])
     short.spec_state_indices_tensor, short.num_accepted_tokens = steady.spec_state_indices_tensor, steady.num_accepted_tokens

@@ -218,6 +218,12 @@ def applied_targets(group: str | None = None) -> list[str]:
     return [t for t, r in _APPLIED.items() if group is None or r.group == group]
 
 
+def group_of(target: str) -> str | None:
+    """The group whose patch holds ``target``, None where it is not patched."""
+    rec = _APPLIED.get(target)
+    return rec.group if rec else None
+
+
 def restore(group: str) -> list[str]:
     """Undo every patch of ``group``; return the targets restored."""
     recs = [r for r in _APPLIED.values() if r.group == group]

