@@ -38,8 +38,39 @@ def test_committed_result_files_carry_a_run_header():
             assert not rt.missing_header_keys(text), (name, rt.missing_header_keys(text))
 
 
-def test_gpu_results_table_is_in_sync():
-    assert rt.render(_readme(), rt.gpu_table()) == _readme(), "run `python tools/readme_tables.py write`"
+def test_gpu_results_tables_are_in_sync():
+    assert rt.render_all(_readme()) == _readme(), "run `python tools/readme_tables.py write`"
+
+
+def test_full_matrix_summary_counts_each_row_per_line(tmp_path):
+    """The `full` matrices' summary, from shard files written here: rows by graphs, speculation and bf16 or
+    TurboQuant KV (the presets together), plugin-on statuses and upstream's, per vLLM line; other files ignored."""
+    import json
+
+    def res(model, mode, k, kv, graphs, plugin, status):
+        return {"cell": {"model": model, "mode": mode, "k": k, "kv": kv, "graphs": graphs, "plugin": plugin},
+                "status": status}
+
+    d = tmp_path / "results"
+    d.mkdir()
+    (d / "2026-01-01-w1-0.23.0-full-shard01.json").write_text(json.dumps([
+        res("a", "mtp", 3, "turboquant_k8v4", "full_and_piecewise", True, "pass"),
+        res("b", "mtp", 3, "turboquant_3bit_nc", "full_and_piecewise", True, "fail"),
+        res("a", "mtp", 3, "turboquant_k8v4", "full_and_piecewise", False, "upstream-crash"),
+        res("a", "mtp", 3, "turboquant_3bit_nc", "full_and_piecewise", False, "upstream-wrong"),
+        res("a", "ngram", 3, "auto", "eager", False, "upstream-works")]))
+    (d / "2026-01-01-w1-0.26.0-full-shard02.json").write_text(json.dumps([
+        res("a", "base", 0, "auto", "full_and_piecewise", True, "pass")]))
+    (d / "2026-01-01-w1-0.26.0-tq.json").write_text(json.dumps([res("a", "base", 0, "auto", "eager", True, "fail")]))
+    rows = rt.full_matrix_table(d).splitlines()
+    assert rows[0] == ("| graphs | speculation | KV | 0.23.0 with the plugin | 0.23.0 upstream alone | "
+                       "0.26.0 with the plugin | 0.26.0 upstream alone |")
+    assert rows[2:] == [
+        "| FULL_AND_PIECEWISE | none | bf16 | — | — | 1 pass | — |",
+        "| FULL_AND_PIECEWISE | MTP k=3 | TurboQuant | 1 pass, 1 not | 1 crash, 1 wrong | — | — |",
+        "| eager | ngram k=3 | bf16 | — | 1 right | — | — |"]
+    readme = f"x\n{rt.MATRIX_BEGIN}\nold\n{rt.MATRIX_END}\n{rt.BEGIN}\nold\n{rt.END}\n"
+    assert rt.full_matrix_table(d) in rt.render(readme, rt.full_matrix_table(d), rt.MATRIX_BEGIN, rt.MATRIX_END)
 
 
 # ---- the checks themselves ----------------------------------------------------------------------

@@ -9,8 +9,9 @@ device, versions, commit, command). This tool
   (``verify/cells.py``'s output, brought back from the GPU machine) as
   ``ci/gpu/results/<date>-<vllm line>.md`` with a run header;
 * ``write`` / ``check``: (re)generates the README's GPU results table (between the
-  ``gpu-results`` markers) from ``ci/gpu/results/*.md``, zero or more files; ``check`` exits 1
-  when the README is out of date.
+  ``gpu-results`` markers) from ``ci/gpu/results/*.md``, zero or more files, and the `full` matrices'
+  summary (between the ``full-matrix`` markers) from ``ci/gpu/results/*-full-shardNN.json``; ``check``
+  exits 1 when the README is out of date.
 
 ``figures()`` / ``unbacked()`` are what tests/test_readme_figures.py uses: the numeric claims of
 the README (numbers with a unit, ratios, decimals) that no committed result file contains.
@@ -145,12 +146,63 @@ def gpu_table(results_dir: pathlib.Path = GPU_RESULTS) -> str:
     return "\n".join(lines)
 
 
-def render(readme: str, table: str) -> str:
-    if BEGIN not in readme or END not in readme:
-        raise ValueError(f"README has no generated block: add the lines {BEGIN!r} and {END!r}")
-    head, rest = readme.split(BEGIN, 1)
-    _, tail = rest.split(END, 1)
-    return f"{head}{BEGIN}\n{table}\n{END}{tail}"
+MATRIX_BEGIN, MATRIX_END = "<!-- full-matrix:begin (tools/readme_tables.py write) -->", "<!-- full-matrix:end -->"
+_SHARD = re.compile(r"-(\d+\.\d+\.\d+)-full-shard\d+\.json$")
+_SPEC = {("base", 0): "none", ("mtp", 1): "MTP k=1", ("mtp", 3): "MTP k=3", ("ngram", 3): "ngram k=3"}
+_UPSTREAM = (("upstream-crash", "crash"), ("upstream-wrong", "wrong"), ("upstream-works", "right"))
+
+
+def full_matrix(results_dir: pathlib.Path = GPU_RESULTS) -> dict:
+    """The `full` suite's cells as the GPU wrote them (``*-<vLLM>-full-shardNN.json``), by vLLM line and
+    row (graphs, speculation, bf16 or TurboQuant KV): the statuses, plugin on and off."""
+    import json
+
+    out: dict = {}
+    for f in sorted(results_dir.glob("*-full-shard*.json")):
+        line = _SHARD.search(f.name)
+        for r in json.loads(f.read_text()) if line else []:
+            c = r["cell"]
+            row = (c["graphs"], _SPEC.get((c["mode"], c["k"]), f"{c['mode']} k={c['k']}"),
+                   "bf16" if c["kv"] == "auto" else "TurboQuant")
+            side = out.setdefault(line.group(1), {}).setdefault(row, {"on": [], "off": []})
+            side["on" if c["plugin"] else "off"].append(r["status"])
+    return out
+
+
+def full_matrix_table(results_dir: pathlib.Path = GPU_RESULTS) -> str:
+    m = full_matrix(results_dir)
+    if not m:
+        return "No `full` matrix is committed yet (`ci/gpu/results/*-full-shardNN.json`)."
+    lines = sorted(m)
+    specs = list(_SPEC.values())
+    rows = sorted({r for v in m.values() for r in v}, key=lambda r: (
+        r[0] != "full_and_piecewise", specs.index(r[1]) if r[1] in specs else len(specs), r[2] != "bf16"))
+    out = ["| graphs | speculation | KV | " + " | ".join(f"{v} with the plugin | {v} upstream alone" for v in lines) + " |",
+           "|---|---|---|" + "---|---|" * len(lines)]
+    for row in rows:
+        cols = []
+        for v in lines:
+            got = m[v].get(row, {"on": [], "off": []})
+            on = got["on"]
+            bad = len(on) - on.count("pass")
+            cols.append(("—" if not on else f"{on.count('pass')} pass" + (f", {bad} not" if bad else "")))
+            cols.append(", ".join(f"{got['off'].count(k)} {w}" for k, w in _UPSTREAM if got["off"].count(k)) or "—")
+        graphs = "FULL_AND_PIECEWISE" if row[0] == "full_and_piecewise" else row[0]
+        out.append(f"| {graphs} | {row[1]} | {row[2]} | " + " | ".join(cols) + " |")
+    return "\n".join(out)
+
+
+def render(readme: str, table: str, begin: str = BEGIN, end: str = END) -> str:
+    if begin not in readme or end not in readme:
+        raise ValueError(f"README has no generated block: add the lines {begin!r} and {end!r}")
+    head, rest = readme.split(begin, 1)
+    _, tail = rest.split(end, 1)
+    return f"{head}{begin}\n{table}\n{end}{tail}"
+
+
+def render_all(readme: str) -> str:
+    """The README with both generated blocks (results files, the `full` matrices) made again."""
+    return render(render(readme, gpu_table()), full_matrix_table(), MATRIX_BEGIN, MATRIX_END)
 
 
 # ---- README figures ---------------------------------------------------------------------------
@@ -285,10 +337,10 @@ def main(argv=None) -> int:
                         + header(a.command, a.commit, date, device, versions) + "\n\n" + text)
         print(dest)
         return 0
-    new = render(README.read_text(), gpu_table())
+    new = render_all(README.read_text())
     if a.cmd == "check":
         if new != README.read_text():
-            print("README's GPU results table is out of date: run `python tools/readme_tables.py write`",
+            print("README's GPU results tables are out of date: run `python tools/readme_tables.py write`",
                   file=sys.stderr)
             return 1
         return 0
