@@ -17,7 +17,7 @@ setup(
         "test": ["pytest>=8", "pytest-xdist", "safetensors", "transformers",
                  # imported by vLLM 0.22-0.25's config module when the tests import those lines' Python
                  "gguf"],
-        # benchmarks/: the end-to-end plot (e2e_spec_decode.py)
+        # benchmarks/: the end-to-end plot (e2e_spec_decode.py, through e2e_report.py)
         "bench": ["matplotlib"],
     },
     entry_points={

@@ -1,9 +1,9 @@
-"""The end-to-end benchmark's judgement of issue 24's goals (benchmarks/e2e_spec_decode.py):
-ratios from one run's rows, against numbers worked out by hand here; missing or failed rows are
-"not measured", never "met"; the report writes its Markdown, JSON and plot, and re-renders them
-from the JSON the GPU machine sends back. The goal rows are synthetic (the real ones come from the
-GPU machine); the last test runs the script end to end in the CPU engine: step timing, step
-classes, acceptance, KV capacity, a profiled verify step."""
+"""The end-to-end benchmark's judgement of issue 24's goals (benchmarks/e2e_report.py, run by
+benchmarks/e2e_spec_decode.py): ratios from one run's rows, against numbers worked out by hand
+here; missing or failed rows are "not measured", never "met"; the report writes its Markdown, JSON
+and plot, and re-renders them from the JSON the GPU machine sends back. The goal rows are synthetic
+(the real ones come from the GPU machine); the last test runs the script end to end in the CPU
+engine: step timing, step classes, acceptance, KV capacity, a profiled verify step."""
 from __future__ import annotations
 
 import argparse
