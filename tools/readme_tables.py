@@ -19,6 +19,7 @@ the README (numbers with a unit, ratios, decimals) that no committed result file
 from __future__ import annotations
 
 import argparse
+import collections
 import datetime as _dt
 import pathlib
 import platform
@@ -183,10 +184,10 @@ def full_matrix_table(results_dir: pathlib.Path = GPU_RESULTS) -> str:
         cols = []
         for v in lines:
             got = m[v].get(row, {"on": [], "off": []})
-            on = got["on"]
+            on, off = got["on"], collections.Counter(got["off"])
             bad = len(on) - on.count("pass")
             cols.append(("—" if not on else f"{on.count('pass')} pass" + (f", {bad} not" if bad else "")))
-            cols.append(", ".join(f"{got['off'].count(k)} {w}" for k, w in _UPSTREAM if got["off"].count(k)) or "—")
+            cols.append(", ".join(f"{off[k]} {w}" for k, w in _UPSTREAM if off[k]) or "—")
         graphs = "FULL_AND_PIECEWISE" if row[0] == "full_and_piecewise" else row[0]
         out.append(f"| {graphs} | {row[1]} | {row[2]} | " + " | ".join(cols) + " |")
     return "\n".join(out)
