@@ -88,7 +88,7 @@ def run_header(command: Sequence[str] | None = None, **extra: Any) -> dict[str, 
 
 def header_markdown(head: dict[str, Any]) -> str:
     """The run header as Markdown lines (``key: value``; the command as ``- command:`` too, so that the
-    file passes tools/readme_tables.py's header check), command last as a code line to copy."""
+    file passes ci/tools/readme_tables.py's header check), command last as a code line to copy."""
     lines = [f"- {k}: {v}" for k, v in head.items() if k != "command" and v is not None]
     return "\n".join(lines + [f"- command: `{head['command']}`", "", "    " + head["command"]])
 

@@ -32,8 +32,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from bench_common import eager_ms, graph_ms, run_header, write_result  # noqa: E402
 
-from vllm_platform_ext.ops.gdn import cases as GC  # noqa: E402
-from vllm_platform_ext.ops.gdn import harness as GH  # noqa: E402
+from vllm_platform_ext.testing import gdn_cases as GC  # noqa: E402
+from vllm_platform_ext.testing import gdn_harness as GH  # noqa: E402
 from vllm_platform_ext.ops.gdn import triton_ops as X  # noqa: E402
 
 H, HV, K, V, W = 16, 32, 128, 128, 4

@@ -30,7 +30,7 @@ from bench_common import copy_bandwidth, eager_ms, graph_ms, run_header, write_r
 from vllm_platform_ext.ops.turboquant import layout as L
 from vllm_platform_ext.ops.turboquant import triton_verify as TV
 from vllm_platform_ext.ops.turboquant import launch_policy as LP
-from vllm_platform_ext.ops.turboquant import upstream_kernels
+from vllm_platform_ext.testing import turboquant_upstream
 
 D = 256
 PAGE = 16
@@ -130,7 +130,7 @@ def main() -> None:
     ap.add_argument("--out", default=None)
     ap.add_argument("--presets", default=None, help="comma list; default k8v4+3bit_nc full, 4bit_nc+k3v4_nc partial")
     args = ap.parse_args()
-    up = upstream_kernels.load(os.environ.get("VLLM_TQ_SRC"))
+    up = turboquant_upstream.load(os.environ.get("VLLM_TQ_SRC"))
     bw = copy_bandwidth()
     print(f"device {torch.cuda.get_device_name()} copy bandwidth {bw / 1e12:.2f} TB/s", flush=True)
     gen = torch.Generator().manual_seed(0)

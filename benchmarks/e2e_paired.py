@@ -124,7 +124,7 @@ def serve(job_path: str, d: str) -> int:
     """One engine that runs a timed generate for each ``go.<i>`` file in ``d`` and answers with
     ``done.<i>.json`` (its steps, probe, CPU, spec counters), until ``quit`` appears."""
     job, d = json.loads(Path(job_path).read_text()), Path(d)
-    from vllm_platform_ext.verify.engine import apply_engine_env, engine_path, run_engine, timed_generate
+    from vllm_platform_ext.testing.engine import apply_engine_env, engine_path, run_engine, timed_generate
 
     apply_engine_env()
     log = E.StepLog()

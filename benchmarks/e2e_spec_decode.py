@@ -110,7 +110,7 @@ def qwen36_a3b_config(layers: int) -> dict:
     (model type qwen3_5_moe; vLLM 0.23-0.26 have no text-only class, the engine runs it with
     ``language_model_only=True``), the text config at ``Qwen3_5MoeTextConfig``'s defaults, from
     transformers where it has the class, else from vLLM's own (vLLM 0.23 pins transformers 4.57)."""
-    from vllm_platform_ext.verify.tiny_models import _config_class, conditional_config
+    from vllm_platform_ext.testing.tiny_models import _config_class, conditional_config
 
     if layers % 4 or layers < 4:
         raise SystemExit(f"--layers {layers}: must be a positive multiple of 4 (3 GDN : 1 attention)")
@@ -125,7 +125,7 @@ def qwen36_a3b_config(layers: int) -> dict:
 def write_model(kind: str, layers: int, out: Path) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     if kind == "tiny":
-        from vllm_platform_ext.verify.tiny_models import make_tiny_model
+        from vllm_platform_ext.testing.tiny_models import make_tiny_model
 
         return make_tiny_model("qwen3_next", out, dims="gpu")
     (out / "config.json").write_text(json.dumps(qwen36_a3b_config(layers), indent=1))
@@ -165,7 +165,7 @@ def run_setup(model: Path, setup: Setup, pairs: list[tuple[int, int]], a, timeou
     with tempfile.TemporaryDirectory() as tmp:
         jp, op = Path(tmp, "job.json"), Path(tmp, "out.json")
         jp.write_text(json.dumps(job))
-        from vllm_platform_ext.verify.subproc import run_group
+        from vllm_platform_ext.testing.subproc import run_group
 
         limit = timeout or a.timeout
         proc = run_group([sys.executable, __file__, "--worker", str(jp), str(op)], env, limit)

@@ -143,7 +143,7 @@ def _prompts(batch: int, context: int, vocab: int) -> list[list[int]]:
 def engine_setup(job: dict):
     """The job's ``(EngineConfig, EngineSettings, LLM kwargs)``: sized for its largest (batch, context)
     pair, async scheduling off (one step is one forward and its sampling), dummy weights unless tiny."""
-    from vllm_platform_ext.verify.engine import EngineConfig, EngineSettings
+    from vllm_platform_ext.testing.engine import EngineConfig, EngineSettings
 
     s = job["setup"]
     pairs = [tuple(p) for p in job["pairs"]]
@@ -164,7 +164,7 @@ def worker(job_path: str, out_path: str) -> int:
     the others on the same engine afterwards (each: one warm-up generate, then the timed one, its
     steps logged apart). Sized for the largest pair."""
     job = json.loads(Path(job_path).read_text())
-    from vllm_platform_ext.verify.engine import apply_engine_env, engine_path, run_engine, timed_generate
+    from vllm_platform_ext.testing.engine import apply_engine_env, engine_path, run_engine, timed_generate
 
     apply_engine_env()
     log = StepLog(profile=job.get("profile"), profile_to=job.get("profile_to"))

@@ -34,8 +34,8 @@ from vllm_platform_ext.ops.turboquant import layout as L
 from vllm_platform_ext.ops.turboquant.routing import workspace_rows
 from vllm_platform_ext.ops.turboquant.triton_verify import turboquant_verify_attention
 from vllm_platform_ext.ops.turboquant.workspace import VerifyWorkspace
-from vllm_platform_ext.wiring import turboquant as W
-from vllm_platform_ext.wiring import turboquant_layout as TL
+from vllm_platform_ext.patch.turboquant import spec_verify as W
+from vllm_platform_ext.patch.turboquant import cache_view as TL
 
 HQ, HK, NUM_SPEC, MAX_SEQS = 16, 2, 3, 8
 

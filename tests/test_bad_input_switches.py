@@ -1,5 +1,5 @@
 """Bad ``VLLM_PLATFORM_EXT_*`` switches (issue 30): each one is an error naming the variable, the
-value and the valid values, in ``switches.problems`` (cheap, in-process), in the engine before
+value and the valid values, in ``envs.problems`` (cheap, in-process), in the engine before
 vLLM builds its config (a fresh interpreter: ``EngineArgs`` loads the general plugins) and in
 ``doctor`` (exit 1). The plugin's own switches pass vLLM's environment validation, and an
 unparseable vLLM version keeps the compat section and the accelerator shims."""
@@ -15,14 +15,14 @@ from pathlib import Path
 
 import pytest
 
-from vllm_platform_ext import switches
+from vllm_platform_ext import envs, patch
 
 _spec = importlib.util.spec_from_file_location("mxsml_build", Path(__file__).parent / "fixtures" / "mxsml_build.py")
 mxsml_build = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(mxsml_build)
 
-GROUPS = switches.group_names()
-D, P, S = switches.DISABLE, switches.PLATFORM, switches.STRICT
+GROUPS = patch.group_names()
+D, P, S = envs.DISABLE, envs.PLATFORM, envs.STRICT
 
 
 @pytest.fixture
@@ -30,7 +30,7 @@ def no_metax(monkeypatch, tmp_path):
     """This host as it is (no MetaX runtime, CPU torch), with the probe pointed at nothing."""
     from vllm_platform_ext import detect
 
-    monkeypatch.setenv(switches.MXSML_LIB, str(tmp_path / "missing-libmxsml.so"))
+    monkeypatch.setenv(envs.MXSML_LIB, str(tmp_path / "missing-libmxsml.so"))
     detect.clear_cache()
     yield
     detect.clear_cache()
@@ -47,50 +47,50 @@ BAD = [
                   "gdn.cuda_zero_draft_spec_rows"]),
     ({D: "nosuch"}, [D, "unknown patch group 'nosuch'", "valid names:"]),
     ({S: "maybe"}, [f"{S}='maybe' is not a boolean", "1|0|true|false|yes|no|on|off"]),
-    ({switches.GDN_VALIDATE: "2"}, [switches.GDN_VALIDATE, "not a boolean", "1|0|true|false"]),
+    ({envs.GDN_VALIDATE: "2"}, [envs.GDN_VALIDATE, "not a boolean", "1|0|true|false"]),
     ({P: "metax"}, [f"{P}='metax' is not one of auto|maca|none"]),
     ({"VLLM_PLATFORM_EXT_DISABLED": "gdn.cpu_spec_decode"}, ["VLLM_PLATFORM_EXT_DISABLED is not a variable",
                                                              f"did you mean {D}"]),
-    ({switches.FORCED_CPU_PATH: "avx9"}, [switches.FORCED_CPU_PATH, "avx512bf16|no-avx512bf16"]),
-    ({switches.TQ_VERIFY_ROUTE: "rows"}, [switches.TQ_VERIFY_ROUTE, "'rows'", "kernel|upstream_rows"]),
+    ({envs.FORCED_CPU_PATH: "avx9"}, [envs.FORCED_CPU_PATH, "avx512bf16|no-avx512bf16"]),
+    ({envs.TQ_VERIFY_ROUTE: "rows"}, [envs.TQ_VERIFY_ROUTE, "'rows'", "kernel|upstream_rows"]),
 ]
 
 
 @pytest.mark.parametrize("env,fragments", BAD, ids=[next(iter(e.values())) for e, _ in BAD])
 def test_each_bad_switch_is_one_clear_problem(env, fragments):
-    found = switches.problems(env)
+    found = envs.problems(env, GROUPS)
     assert len(found) == 1, found
     for fragment in fragments:
         assert fragment in found[0], (fragment, found[0])
-    assert switches.variable_of(found[0]) == next(iter(env))
-    with pytest.raises(switches.SwitchError) as err:
-        switches.check(env)
+    assert envs.variable_of(found[0]) == next(iter(env))
+    with pytest.raises(envs.SwitchError) as err:
+        envs.check(env, GROUPS)
     assert found[0] in str(err.value)
 
 
 @pytest.mark.parametrize("env", [
     {}, {D: "gdn.cpu_spec_decode"}, {D: " gdn.cpu_spec_decode , turboquant_spec_verify ,"}, {D: ""},
-    {S: "1"}, {S: "off"}, {S: "TRUE"}, {S: ""}, {switches.GDN_VALIDATE: "0"},
-    {P: "auto"}, {P: "none"}, {P: " NONE "}, {switches.MXSML_LIB: "/opt/maca/lib/libmxsml.so"},
-    {switches.FORCED_CPU_PATH: "no-avx512bf16"}, {switches.TQ_VERIFY_ROUTE: "kernel"},
-    {switches.TQ_VERIFY_ROUTE: " UPSTREAM_ROWS "},
+    {S: "1"}, {S: "off"}, {S: "TRUE"}, {S: ""}, {envs.GDN_VALIDATE: "0"},
+    {P: "auto"}, {P: "none"}, {P: " NONE "}, {envs.MXSML_LIB: "/opt/maca/lib/libmxsml.so"},
+    {envs.FORCED_CPU_PATH: "no-avx512bf16"}, {envs.TQ_VERIFY_ROUTE: "kernel"},
+    {envs.TQ_VERIFY_ROUTE: " UPSTREAM_ROWS "},
 ])
 def test_good_switches_pass(env):
-    assert switches.problems(env) == []
+    assert envs.problems(env, GROUPS) == []
 
 
 def test_every_group_name_is_accepted():
     assert {"gdn.cpu_spec_decode", "turboquant_spec_verify", "vllm_env.own_switches"} <= set(GROUPS)
-    assert switches.disable_problems(",".join(GROUPS)) == []
+    assert envs.disable_problems(",".join(GROUPS), GROUPS) == []
 
 
 def test_several_problems_are_all_reported():
-    found = switches.problems({D: "gdn", S: "maybe", "VLLM_PLATFORM_EXT_X": "1"})
-    assert [switches.variable_of(p) for p in found] == ["VLLM_PLATFORM_EXT_X", S, D]
+    found = envs.problems({D: "gdn", S: "maybe", "VLLM_PLATFORM_EXT_X": "1"}, GROUPS)
+    assert [envs.variable_of(p) for p in found] == ["VLLM_PLATFORM_EXT_X", S, D]
 
 
 def test_forced_maca_without_runtime_names_the_override(no_metax):
-    (problem,) = switches.problems({P: "maca"})
+    (problem,) = envs.problems({P: "maca"}, GROUPS)
     assert problem.startswith(f"{P}=maca forces the MetaX platform")
     assert "no MetaX runtime" in problem and "sees no CUDA/MACA device" in problem
     assert "auto|maca|none" in problem and f"Unset {P}" in problem
@@ -104,13 +104,13 @@ def test_forced_maca_with_a_runtime_is_fine(no_metax, monkeypatch, tmp_path):
     # NVIDIA stand-in: a device torch.cuda sees (the GPU harness's MacaPlatform cells)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
-    assert switches.problems({P: "maca"}) == []
+    assert envs.problems({P: "maca"}, GROUPS) == []
     monkeypatch.undo()
     # MetaX: libmxsml.so reporting devices (the fake library of the probe tests)
-    monkeypatch.setenv(switches.MXSML_LIB, str(mxsml_build.build_fake_mxsml(tmp_path)))
+    monkeypatch.setenv(envs.MXSML_LIB, str(mxsml_build.build_fake_mxsml(tmp_path)))
     monkeypatch.setenv("FAKE_MXSML_COUNT", "1")
     detect.clear_cache()
-    assert switches.problems({P: "maca"}) == []
+    assert envs.problems({P: "maca"}, GROUPS) == []
 
 
 # ---- in vLLM: the engine refuses before it starts ---------------------------------------------
@@ -121,7 +121,7 @@ ENGINE_ARGS = ("from vllm.engine.arg_utils import EngineArgs\n"
 
 
 def _clean_env(**extra: str) -> dict:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(switches.PREFIX)}
+    env = {k: v for k, v in os.environ.items() if not k.startswith(envs.PREFIX)}
     return {**env, **extra}
 
 
@@ -130,7 +130,7 @@ def _clean_env(**extra: str) -> dict:
     (P, "maca", f"{P}=maca forces the MetaX platform"),
 ], ids=["disable-typo", "forced-maca"])
 def test_engine_refuses_bad_switch_before_vllm_starts(python, tmp_path, var, value, fragment):
-    env = _clean_env(**{var: value, switches.MXSML_LIB: str(tmp_path / "missing.so")})
+    env = _clean_env(**{var: value, envs.MXSML_LIB: str(tmp_path / "missing.so")})
     proc = python(ENGINE_ARGS, env=env)
     assert proc.returncode != 0 and "ENGINE ARGS BUILT" not in proc.stdout
     assert f"SwitchError: bad vllm-platform-ext switch(es): " in proc.stderr and fragment in proc.stderr
@@ -144,7 +144,7 @@ import json, os
 from vllm.engine.arg_utils import EngineArgs
 from vllm.platforms import current_platform
 from vllm_platform_ext import patching
-from vllm_platform_ext.verify.tiny_models import make_tiny_model
+from vllm_platform_ext.testing.tiny_models import make_tiny_model
 model = make_tiny_model('qwen3_5_text', os.environ['TINY_DIR'])
 args = EngineArgs(model=str(model), fail_on_environ_validation=True, max_model_len=256)
 out = {'platform': type(current_platform).__name__}
@@ -163,7 +163,7 @@ print('JSON' + json.dumps({**out, 'restored': restored}))
 def test_vllm_env_validation_accepts_own_switches(python, tmp_path):
     """With fail_on_environ_validation=True vLLM (CPU platform here) starts with the plugin's
     switches set; without the vllm_env.own_switches group it refuses them."""
-    env = _clean_env(**{S: "0", D: "turboquant_spec_verify", switches.GDN_VALIDATE: "1",
+    env = _clean_env(**{S: "0", D: "turboquant_spec_verify", envs.GDN_VALIDATE: "1",
                         "TINY_DIR": str(tmp_path / "tiny")})
     proc = python(VALIDATE_ENV, env=env)
     assert proc.returncode == 0, proc.stderr[-4000:]
@@ -179,8 +179,8 @@ import json
 import vllm, vllm_platform_ext
 from vllm import envs
 from vllm_platform_ext import patching
-vllm_platform_ext.bootstrap()
-out = {'vllm': vllm.__version__, 'entry': vllm_platform_ext.bootstrap_report().find('patch', 'vllm_env.own_switches').detail}
+vllm_platform_ext.bootstrap.run()
+out = {'vllm': vllm.__version__, 'entry': vllm_platform_ext.bootstrap.report().find('patch', 'vllm_env.own_switches').detail}
 envs.validate_environ(True)  # what EngineArgs.create_engine_config calls on 0.22-0.26
 out['with_group'] = 'ok'
 patching.restore('vllm_env.own_switches')
@@ -200,8 +200,8 @@ def test_old_line_env_validation_accepts_own_switches(tmp_path):
 
     py = old_vllm_python()
     if not os.path.exists(py):
-        pytest.fail(f"old-vLLM venv missing ({py}): run `bash scripts/old_vllm_venv.sh` (setup step)")
-    env = _clean_env(**{S: "0", switches.GDN_VALIDATE: "1", "PYTHONPATH": REPO, "VLLM_PLUGINS": ""})
+        pytest.fail(f"old-vLLM venv missing ({py}): run `bash ci/old_vllm_venv.sh` (setup step)")
+    env = _clean_env(**{S: "0", envs.GDN_VALIDATE: "1", "PYTHONPATH": REPO, "VLLM_PLUGINS": ""})
     proc = subprocess.run([py, "-c", OLD_LINE_VALIDATE], env=env, cwd=str(tmp_path), capture_output=True,
                           text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
@@ -221,7 +221,7 @@ def _doctor(env: dict) -> subprocess.CompletedProcess:
 
 
 def test_doctor_shows_bad_switches_and_fails(tmp_path):
-    env = _clean_env(**{P: "maca", D: "gdn", S: "maybe", switches.MXSML_LIB: str(tmp_path / "missing.so")})
+    env = _clean_env(**{P: "maca", D: "gdn", S: "maybe", envs.MXSML_LIB: str(tmp_path / "missing.so")})
     proc = _doctor(env)
     assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
     text = proc.stdout

@@ -3,7 +3,7 @@ import json
 
 import pytest
 
-REPORT = "import json, vllm_platform_ext as v; print('JSON' + json.dumps(v.bootstrap_info()))"
+REPORT = "import json, vllm_platform_ext as v; print('JSON' + json.dumps(v.bootstrap.info()))"
 
 
 def _info(proc):
@@ -13,7 +13,7 @@ def _info(proc):
 
 
 def test_bootstrap_is_idempotent_and_ordered(python):
-    info = _info(python("import vllm_platform_ext as v\nv.bootstrap(); v.bootstrap(); v.bootstrap()\n" + REPORT))
+    info = _info(python("import vllm_platform_ext as v\nv.bootstrap.run(); v.bootstrap.run(); v.bootstrap.run()\n" + REPORT))
     assert info["runs"] == 1
     steps = [e["step"] for e in info["entries"]]
     # compat first, then ops, quant configs, patches: each step's entries form one contiguous run
@@ -24,12 +24,12 @@ def test_bootstrap_is_idempotent_and_ordered(python):
 
 def test_vllm_plugin_loader_runs_bootstrap_once(python):
     info = _info(python("from vllm.plugins import load_general_plugins as l\nl(); l()\n"
-                        "import vllm_platform_ext as v; v.bootstrap()\n" + REPORT))
+                        "import vllm_platform_ext as v; v.bootstrap.run()\n" + REPORT))
     assert info["runs"] == 1 and info["summary"]
 
 
 FAILING_GROUP = """
-import vllm_platform_ext.wiring as w
+import vllm_platform_ext.patch as w
 from vllm_platform_ext.patching import Patch, PatchGroup
 def broken():
     raise RuntimeError("boom in build")
@@ -40,7 +40,7 @@ import vllm_platform_ext as v
 
 
 def test_failure_is_reported_not_raised(python):
-    info = _info(python(FAILING_GROUP + "v.bootstrap()\n" + REPORT))
+    info = _info(python(FAILING_GROUP + "v.bootstrap.run()\n" + REPORT))
     got = {e["name"]: e for e in info["entries"]}
     assert got["test.broken"]["status"] == "failed" and "boom in build" in got["test.broken"]["detail"]
     # no probe says "not needed", so the fix is needed and its missing target fails the health line
@@ -49,7 +49,7 @@ def test_failure_is_reported_not_raised(python):
 
 
 def test_strict_mode_raises(python):
-    proc = python(FAILING_GROUP + "v.bootstrap()\n", env={"VLLM_PLATFORM_EXT_STRICT": "1"})
+    proc = python(FAILING_GROUP + "v.bootstrap.run()\n", env={"VLLM_PLATFORM_EXT_STRICT": "1"})
     assert proc.returncode != 0 and "boom in build" in proc.stderr
 
 

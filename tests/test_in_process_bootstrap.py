@@ -12,7 +12,7 @@ sys.path.insert(0, {REPO + '/tests'!r})
 import torch
 from conftest import in_process_bootstrap
 from vllm_platform_ext import patching
-from vllm_platform_ext.wiring import gdn_cpu
+from vllm_platform_ext.patch import gdn_cpu
 import vllm.model_executor.layers.mamba.ops.cpu.gdn_attention as m
 
 with in_process_bootstrap() as report:
@@ -31,6 +31,6 @@ def test_patch_groups_applied_inside_and_vllms_own_functions_after():
     p = run_python(CODE)
     assert p.returncode == 0, p.stderr[-3000:]
     out = json.loads(p.stdout.split("JSON", 1)[1])
-    assert out["target"] in out["inside"] and out["inside_fn"] == "vllm_platform_ext.wiring.gdn_cpu"
+    assert out["target"] in out["inside"] and out["inside_fn"] == "vllm_platform_ext.patch.gdn_cpu"
     assert out["after"] == [] and out["after_fn"] == "vllm.model_executor.layers.mamba.ops.cpu.gdn_attention"
     assert out["report"] and out["compat_kept"]

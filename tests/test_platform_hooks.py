@@ -304,7 +304,7 @@ def test_turboquant_spec_keeps_full_graphs_where_the_verify_route_is_applied():
     ``turboquant_spec_verify`` group applied, TurboQuant + speculation keeps FULL graphs (the route
     serves the captured K+1 batches); without it (disabled, skipped) FULL is downgraded."""
     from vllm_platform_ext import patching
-    from vllm_platform_ext.wiring import turboquant as tq_wiring
+    from vllm_platform_ext.patch.turboquant import spec_verify as tq_wiring
 
     was_applied = bool(patching.applied_targets(tq_wiring.NAME))  # an in-process bootstrap earlier in the run
     patching.restore(tq_wiring.NAME)
@@ -333,7 +333,7 @@ def test_maca_moe_group_gives_oot_layers_the_triton_experts(monkeypatch):
     import vllm.model_executor.layers.fused_moe.unquantized_fused_moe_method as method_mod
 
     from vllm_platform_ext import patching
-    from vllm_platform_ext.wiring import maca_moe
+    from vllm_platform_ext.patch import maca_moe
 
     assert maca_moe.GROUPS[0].skip_if().startswith("not needed: the platform is CpuPlatform")
     oot = SimpleNamespace(is_cpu=lambda: False, is_tpu=lambda: False, is_out_of_tree=lambda: True)

@@ -1,6 +1,6 @@
 """``MacaPlatform`` (the standalone MetaX platform) against every vLLM line it may run on
 (0.22-0.26 and 0.32/0.33), read statically from each line's wheel (the compat tables' wheels,
-fetched by ``tools/compat_tables.py fetch``):
+fetched by ``ci/tools/compat_tables.py fetch``):
 
 * every method it overrides exists on that line's ``Platform`` (or on its CUDA platform classes:
   vLLM calls those on CUDA-alike platforms) with the same parameter names -- or is one of the

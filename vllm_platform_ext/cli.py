@@ -49,15 +49,15 @@ def collect() -> dict:
         load_general_plugins()  # runs bootstrap() through our entry point, as vLLM does
     except Exception as exc:  # a bad switch raises here, as it does in the engine
         info["bootstrap_error"] = f"{type(exc).__name__}: {exc}"
-    info["bootstrap_via_entry_point"] = vpe.bootstrap_report() is not None
+    info["bootstrap_via_entry_point"] = vpe.bootstrap.report() is not None
     if not info["bootstrap_via_entry_point"]:
         try:
-            vpe.bootstrap()
+            vpe.bootstrap.run()
         except Exception as exc:
             info["bootstrap_error"] = f"{type(exc).__name__}: {exc}"
     if info["platform"].get("vllm_device_type") == "cpu":
         info["cpu_engine_path"] = detect.cpu_engine_path()
-    report = vpe.bootstrap_report()
+    report = vpe.bootstrap.report()
     info["bootstrap"] = {"summary": report.summary(), "entries": report.as_list()}
     info["op_platform"] = active_platform()
     info["ops"] = REGISTRY.table()
@@ -85,17 +85,17 @@ def fix_targets() -> list[list[str]]:
         from vllm.utils.import_utils import resolve_obj_by_qualname
 
         from vllm_platform_ext import patching
-        from vllm_platform_ext.wiring import turboquant, turboquant_layout
+        from vllm_platform_ext.patch.turboquant import cache_view, spec_verify
 
         backend = resolve_obj_by_qualname(AttentionBackendEnum.TURBOQUANT.get_path())
-        done = not turboquant.backend_patches(backend)
+        done = not spec_verify.backend_patches(backend)
         try:
-            layout = f"cache {turboquant_layout.probe(backend).describe()}"
-        except turboquant_layout.LayoutUnknown as exc:
+            layout = f"cache {cache_view.probe(backend).describe()}"
+        except cache_view.LayoutUnknown as exc:
             layout = f"cache layout unknown: {exc}"
         rows.append(["turboquant_spec_verify", f"{backend.__module__}.{backend.__qualname__}",
                      ("patched" if done else "not patched (group skipped or disabled)") + f"; {layout}"])
-        from vllm_platform_ext.wiring import turboquant_workspace as ws
+        from vllm_platform_ext.patch.turboquant import reserve_workspace as ws
 
         builder = backend.get_builder_cls()
         state = ("not needed (the builder reserves its workspace)" if not ws.needed(builder) else
@@ -149,18 +149,17 @@ def _optional_sections() -> dict:
 
 def _switches() -> dict:
     """The ``VLLM_PLATFORM_EXT_*`` variables set, and what is wrong with them."""
-    from vllm_platform_ext import switches
+    from vllm_platform_ext import envs, patch
 
-    return {"set": {k: v for k, v in sorted(os.environ.items()) if k.startswith(switches.PREFIX)},
-            "problems": switches.problems()}
+    return {"set": {k: v for k, v in sorted(os.environ.items()) if k.startswith(envs.PREFIX)},
+            "problems": envs.problems(None, patch.group_names())}
 
 
 def _patch_ledger() -> list[dict]:
     """Every patch group: why it exists, its upstream status, what retires it."""
-    from vllm_platform_ext import quant, wiring
+    from vllm_platform_ext import patch
 
-    return [{"name": g.name, "why": g.why, "upstream": g.upstream, "retire": g.retire}
-            for g in (*wiring.groups(), *quant.groups())]
+    return [{"name": g.name, "why": g.why, "upstream": g.upstream, "retire": g.retire} for g in patch.groups()]
 
 
 def _print_doctor(info: dict) -> None:

@@ -6,12 +6,13 @@ distribution's metadata is found and is not ours to choose: beside vLLM-metax, i
 ``register_customized`` (v0.22-v0.25) or ``register_out_of_tree`` (master) may be called first,
 and it imports vLLM's fusion, spec-decode and quantization modules. So the compat step (missing
 ``_C`` schemas, ``torch.accelerator`` helpers) runs here, when the loader imports this module,
-before any general plugin function; ``bootstrap`` then runs the other steps when it is called.
-Nothing else imports this module.
+before any general plugin function; ``bootstrap`` (:func:`vllm_platform_ext.bootstrap.run`) then
+runs the other steps when it is called. Nothing else imports this module.
 """
 from __future__ import annotations
 
-from vllm_platform_ext import bootstrap, early_compat
+from vllm_platform_ext.bootstrap import early_compat
+from vllm_platform_ext.bootstrap import run as bootstrap
 
 __all__ = ["bootstrap"]
 

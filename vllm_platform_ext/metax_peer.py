@@ -91,7 +91,7 @@ def _gdn_chunk_op():
 
 def _gdn_layer():
     from vllm_platform_ext import patching
-    from vllm_platform_ext.wiring import gdn_cuda
+    from vllm_platform_ext.patch import gdn_cuda
 
     reason = gdn_cuda.skip_reason()
     core = gdn_cuda.targets()[2] if reason is None else None
@@ -105,7 +105,7 @@ def _batch_reorder():
 
     fn = GPUModelRunner._may_reorder_batch
     theirs = not fn.__module__.startswith("vllm.")
-    return _qualname(fn), ("replaced by another plugin (our fixes audited in its order: tests/test_metax_batch_reorder.py)" if theirs
+    return _qualname(fn), ("replaced by another plugin (our fixes audited in its order: tests/metax/test_metax_batch_reorder.py)" if theirs
                            else "vLLM's")
 
 

@@ -25,9 +25,9 @@ from typing import Any, Callable, Sequence
 from vllm_platform_ext.report import Report
 
 MARK = "__vllm_platform_ext_patch__"
-from vllm_platform_ext.switches import DISABLE as DISABLE_ENV  # comma-separated patch-group names
-from vllm_platform_ext.switches import STRICT as STRICT_ENV
-from vllm_platform_ext.switches import parse_bool
+from vllm_platform_ext.envs import DISABLE as DISABLE_ENV  # comma-separated patch-group names
+from vllm_platform_ext.envs import STRICT as STRICT_ENV
+from vllm_platform_ext.envs import parse_bool
 
 
 class PatchError(RuntimeError):

@@ -339,7 +339,7 @@ class MacaPlatform(Platform):
         from vllm.config.compilation import CUDAGraphMode
 
         from vllm_platform_ext import patching
-        from vllm_platform_ext.wiring import turboquant as tq_wiring
+        from vllm_platform_ext.patch.turboquant import spec_verify as tq_wiring
 
         if patching.applied_targets(tq_wiring.NAME):
             return

@@ -65,3 +65,18 @@ class Report:
 
     def as_list(self) -> list[dict]:
         return [e.as_dict() for e in self.entries]
+
+
+_current: Report | None = None  # the report of this process's bootstrap, once it began
+
+
+def current() -> Report | None:
+    """The report this process's bootstrap writes into (``None`` before it ran): where patched code
+    records what it finds at run time (a tensor vLLM hands over that breaks the op's contract)."""
+    return _current
+
+
+def set_current(report: Report) -> None:
+    """Called by :mod:`vllm_platform_ext.bootstrap` only."""
+    global _current
+    _current = report

@@ -40,9 +40,9 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent.parent
 LOCK = HERE / "lock.json"
-WHEEL_CACHE = REPO / ".cache" / "vllm-wheels"  # shared with tools/compat_tables.py
+WHEEL_CACHE = REPO / ".cache" / "vllm-wheels"  # shared with ci/tools/compat_tables.py
 # One part a device call, carried beside the repository's tree (tracked files, about 4 MB): a call carries at
-# most 64 MiB in all, and 60 MiB parts stopped fitting on 2026-11-29 (tests/test_gpu_harness.py checks the sum).
+# most 64 MiB in all, and 60 MiB parts stopped fitting on 2026-11-29 (tests/ci/test_gpu_harness.py checks the sum).
 PART_MIB = 56
 CARRY_LIMIT_MIB = 64
 

@@ -21,7 +21,7 @@
 #             with one query token (shim 2); runs before the cells start, so that the FA2 modules the engines
 #             reach are compiled once, here, into the JIT cache
 #   doctor    `vllm-platform-ext doctor` in the stand-in env
-#   cells     python -m vllm_platform_ext.verify.cells --suite metax-standin: Qwen3-Next MTP k=3 on
+#   cells     python -m vllm_platform_ext.testing.cells --suite metax-standin: Qwen3-Next MTP k=3 on
 #             turboquant_k8v4 (FULL_AND_PIECEWISE, plugin on), its floors (plain decoding on k8v4, MTP k=3
 #             on KV auto) and the k8v4 cell with only our plugin off; results.json / results.md,
 #             progress.log, engine-logs/ in OUT. It starts after fa-check, beside the other checks.
@@ -103,7 +103,7 @@ if want cells; then  # in the background: the engines' start-up (~4 min) overlap
   say "step cells: reference python $ref; engines get $root/engine-env.json; plugin-off cells VLLM_PLUGINS=$(cat "$root/metax-plugins.txt")"
   cells_t0=$SECONDS
   (PYTHONPATH="$root/metax_eps" VPE_REFERENCE_PYTHON="$ref" timeout --kill-after=30 $((timeout + 600)) \
-     "$py" -m vllm_platform_ext.verify.cells --suite "$suite" --parallel "$parallel" --timeout "$timeout" \
+     "$py" -m vllm_platform_ext.testing.cells --suite "$suite" --parallel "$parallel" --timeout "$timeout" \
      --engine-env "$root/engine-env.json" --plugins-off "$(cat "$root/metax-plugins.txt")" --out "$out" \
      >"$out/cells.log" 2>&1) &
   cells_pid=$!

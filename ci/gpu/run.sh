@@ -9,7 +9,7 @@
 # given by --do (default: engine):
 #   check          only the venv and its version line
 #   kernels-quick  the GPU kernel tests' quick tier (each test's first case: every kernel once)
-#   kernels        the GPU kernel tests (pytest -m gpu: tests/test_turboquant_gpu.py, tests/test_gdn_gpu.py),
+#   kernels        the GPU kernel tests (pytest -m gpu: tests/ops/test_turboquant_gpu.py, tests/ops/test_gdn_gpu.py),
 #                  all of them, or the --kernel-shard i/n part of them
 #   engine         the gpu_engine tests: the real vLLM engine for each cell of the suite, every token
 #                  audited against float32 transformers (in a separate process, on the GPU with TF32 off:
@@ -87,17 +87,17 @@ for step in ${do//,/ }; do
     check) ;;
     kernels-quick)
       VPE_GPU_TIER=quick "$venv/bin/python" -m pytest -q -rs -p no:cacheprovider -m gpu \
-        --junitxml "$out/kernels-quick.xml" tests/test_turboquant_gpu.py tests/test_gdn_gpu.py "$@" || rc=$?
+        --junitxml "$out/kernels-quick.xml" tests/ops/test_turboquant_gpu.py tests/ops/test_gdn_gpu.py "$@" || rc=$?
       echo "results: $out/kernels-quick.xml" ;;
     kernels)
       kx="$out/kernels.xml"; [ "$kshard" = "1/1" ] || kx="$out/kernels-${kshard/\//of}.xml"
       VPE_GPU_SHARD="$kshard" "$venv/bin/python" -m pytest -q -rs -p no:cacheprovider -m gpu --junitxml "$kx" \
-        tests/test_turboquant_gpu.py tests/test_gdn_gpu.py "$@" || rc=$?
+        tests/ops/test_turboquant_gpu.py tests/ops/test_gdn_gpu.py "$@" || rc=$?
       echo "results: $kx" ;;
     engine)
       VPE_CELLS_SUITE="$suite" VPE_CELLS_SHARD="$shard" VPE_CELLS_PARALLEL="$parallel" VPE_CELLS_OUT="$out" \
         VPE_CELLS_MEMORY="$memory" VPE_CELLS_TIMEOUT="$timeout" \
-        "$venv/bin/python" -m pytest -q -rs -p no:cacheprovider -m gpu_engine tests/test_gpu_engine.py "$@" || rc=$?
+        "$venv/bin/python" -m pytest -q -rs -p no:cacheprovider -m gpu_engine tests/testing/test_gpu_engine.py "$@" || rc=$?
       echo "results: $out/results.json, $out/results.md" ;;
     e2e)
       "$venv/bin/python" benchmarks/e2e_spec_decode.py --model qwen36_a3b --layers 8 --timeout "$timeout" --out "$out/e2e" || rc=$?

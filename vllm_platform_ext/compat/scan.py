@@ -11,7 +11,7 @@ bodies, decorators and default values of functions; not function or lambda bodie
 * ``fake``: ``register_fake("<ns>::<op>")`` / ``impl_abstract(...)`` with a constant name.
 
 Used by the schema test (the table must equal :func:`required_ops` of the installed vLLM)
-and by ``tools/compat_tables.py``, which derives a line's table from its wheel: the import-time
+and by ``ci/tools/compat_tables.py``, which derives a line's table from its wheel: the import-time
 ops of its Python (:func:`scan_wheel`) with the schema strings of its kernel libraries
 (:func:`wheel_library_schemas`).
 """

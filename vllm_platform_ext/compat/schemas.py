@@ -1,7 +1,7 @@
 """The versioned tables of ``torch.ops._C*`` schemas that vLLM's Python needs at import time.
 
 One table per vLLM line (``tables/vllm-X.Y.Z.json``: 0.22-0.26, the MetaX lines, and 0.32/0.33),
-each derived from that line's own wheel by ``tools/compat_tables.py``:
+each derived from that line's own wheel by ``ci/tools/compat_tables.py``:
 
 * which ops: every ``torch.ops._C*.<op>.<overload>`` a vLLM module touches while it is being
   imported (``compat/scan.py``), plus the overload of every ``register_fake`` of such an op
@@ -11,9 +11,9 @@ each derived from that line's own wheel by ``tools/compat_tables.py``:
   in the wheel; whitespace collapsed);
 * ``real`` where this package has a torch kernel taking exactly those arguments, else ``stub``.
 
-The table records the wheel's file name and sha256; ``tests/test_compat_tables.py`` re-derives
+The table records the wheel's file name and sha256; ``tests/compat/test_compat_tables.py`` re-derives
 every table from its wheel and fails on any difference. Adding a line: ``python
-tools/compat_tables.py generate X.Y.Z``.
+ci/tools/compat_tables.py generate X.Y.Z``.
 """
 from __future__ import annotations
 
@@ -100,5 +100,5 @@ def table_for(version: str) -> tuple[tuple[int, int], tuple[OpSchema, ...], str]
     key = max(older) if older else min(TABLES)
     return key, TABLES[key], (
         f"no schema table for vLLM {version}; using the {key[0]}.{key[1]} table "
-        "(derive one: python tools/compat_tables.py generate <version>)"
+        "(derive one: python ci/tools/compat_tables.py generate <version>)"
     )

@@ -1,2 +1,2 @@
-"""Verification kit: tiny local checkpoints, a transformers float32 audit of the engine's
-tokens, and the ``vllm-platform-ext verify`` runner (``runner.main(argv) -> int``)."""
+"""The ``vllm-platform-ext verify`` and ``bench`` commands (``runner.main(argv) -> int``,
+``bench.main(argv) -> int``), built on :mod:`vllm_platform_ext.testing`."""

@@ -1,7 +1,7 @@
 """Tokens/s of vLLM (CPU engine) on a tiny kit model, with and without speculative decoding.
 
 Not a test: it times, it does not judge. Each config gets its own LLM in one process (see
-vllm_platform_ext.verify.engine), one untimed warm-up generate() and one timed one.
+vllm_platform_ext.testing.engine), one untimed warm-up generate() and one timed one.
 
     vllm-platform-ext bench --kind qwen3_next \
         --modes base,ngram:2,ngram:4,mtp:1,mtp:2 --num-prompts 8 --max-tokens 64
@@ -34,9 +34,9 @@ def main(argv=None) -> int:
     ap.add_argument("--json", help="write the rows here too")
     a = ap.parse_args(argv)
 
-    from vllm_platform_ext.verify.engine import EngineSettings, apply_engine_env, run_many
+    from vllm_platform_ext.testing.engine import EngineSettings, apply_engine_env, run_many
     from vllm_platform_ext.verify.runner import parse_modes
-    from vllm_platform_ext.verify.tiny_models import hot_token_ids, make_tiny_model
+    from vllm_platform_ext.testing.tiny_models import hot_token_ids, make_tiny_model
 
     apply_engine_env()
     r = random.Random(0)

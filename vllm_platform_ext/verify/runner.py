@@ -22,13 +22,13 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from vllm_platform_ext.verify.audit import BAD_NATS, MARGIN, passes, reference_audits
-from vllm_platform_ext.verify.cpu_paths import NO_AVX512_BF16, PATHS, env_for
-from vllm_platform_ext.verify.engine import (GRAPH_MODES, MODES, EngineConfig, EngineRun, EngineSettings,
+from vllm_platform_ext.testing.audit import BAD_NATS, MARGIN, passes, reference_audits
+from vllm_platform_ext.testing.cpu_paths import NO_AVX512_BF16, PATHS, env_for
+from vllm_platform_ext.testing.engine import (GRAPH_MODES, MODES, EngineConfig, EngineRun, EngineSettings,
                                              EngineSubprocessError, failed_patches, run_in_subprocess)
-from vllm_platform_ext.verify.prompts import LENGTHS, default_prompts
-from vllm_platform_ext.verify.ranks import rank_lines
-from vllm_platform_ext.verify.tiny_models import CPU_KINDS, DIMS, GPU_KINDS, KINDS, check_checkpoint, make_tiny_model
+from vllm_platform_ext.testing.prompts import LENGTHS, default_prompts
+from vllm_platform_ext.testing.ranks import rank_lines
+from vllm_platform_ext.testing.tiny_models import CPU_KINDS, DIMS, GPU_KINDS, KINDS, check_checkpoint, make_tiny_model
 
 QUICK_MODES = "base,ngram:2,mtp:2"
 MAX_K = 16  # draft tokens per step accepted by the CLI
@@ -265,11 +265,11 @@ def _margin(text: str) -> float:
 
 
 def _disable(text: str) -> str:
-    from vllm_platform_ext import switches
+    from vllm_platform_ext import envs, patch
 
-    problems = switches.disable_problems(text)
+    problems = envs.disable_problems(text, patch.group_names())
     if problems:
-        raise ValueError(" / ".join(p.removeprefix(f"{switches.DISABLE}: ") for p in problems))
+        raise ValueError(" / ".join(p.removeprefix(f"{envs.DISABLE}: ") for p in problems))
     return ",".join(x.strip() for x in text.split(",") if x.strip())
 
 
@@ -356,9 +356,9 @@ def main(argv: list[str] | None = None) -> int:
     env = env_for(None if args.cpu_path == "native" else args.cpu_path)
     if args.disable:
         env["VLLM_PLATFORM_EXT_DISABLE"] = args.disable
-    from vllm_platform_ext import switches
+    from vllm_platform_ext import envs, patch
 
-    bad = switches.problems({**os.environ, **env})  # the engine's bootstrap would refuse them
+    bad = envs.problems({**os.environ, **env}, patch.group_names())  # the engine's bootstrap would refuse them
     if bad:
         for problem in bad:
             print(f"verify: {problem}", file=sys.stderr)

@@ -18,17 +18,7 @@ The Triton functions also take a keyword-only ``config`` overriding the launch c
 from __future__ import annotations
 
 from vllm_platform_ext.ops.dispatch import OpImpl
-
-try:
-    from vllm_platform_ext.ops.launch import launch_config
-except ImportError:  # pragma: no cover - launch.py is part of the package
-
-    def launch_config(platform, *, num_warps, num_stages=None, max_block=None, **blocks):
-        cfg = {"num_warps": min(num_warps, 16) if platform == "maca" else num_warps, **blocks}
-        if num_stages is not None:
-            cfg["num_stages"] = num_stages
-        return cfg
-
+from vllm_platform_ext.ops.launch import launch_config
 
 _TORCH = "vllm_platform_ext.ops.gdn.torch_ops:"
 _TRITON = "vllm_platform_ext.ops.gdn.triton_ops:"

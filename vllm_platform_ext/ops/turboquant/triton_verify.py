@@ -33,8 +33,8 @@ import triton
 
 from vllm_platform_ext.ops.turboquant import launch_policy as policy
 from vllm_platform_ext.ops.turboquant.codebook import _codebook_tables
-from vllm_platform_ext.ops.turboquant.kernels_v1 import _tq_verify_stage1, _tq_verify_stage2
-from vllm_platform_ext.ops.turboquant.kernels_v2 import _tq_verify_v2
+from vllm_platform_ext.ops.turboquant.byte_kernels import _tq_verify_stage1, _tq_verify_stage2
+from vllm_platform_ext.ops.turboquant.word_kernels import _tq_verify_v2
 from vllm_platform_ext.ops.turboquant.layout import layout_for
 from vllm_platform_ext.ops.turboquant.workspace import VerifyWorkspace, _workspace_view, workspace_splits
 

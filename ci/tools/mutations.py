@@ -1,0 +1,139 @@
+"""Would the tests have caught the bugs the real engine found? Each mutation puts one bug back into
+a copy of the committed tree (the code as it was before its fix, at the fix site), runs the tests
+written for that bug class on the copy, and expects them to FAIL; the unmutated copy must pass the
+same tests (run with ``--baseline``).
+
+    python ci/tools/mutations.py [--baseline] [NAME ...]      # all mutations by default
+
+The copy is ``git archive HEAD`` (commit first) with ``.cache`` and ``.venv-old`` linked in, put first
+on ``PYTHONPATH`` so that the test process and every child import the copy's plugin. Prints one
+line per mutation and exits 1 when a mutation survives (its tests pass with the bug in place).
+How a run was recorded: ``ci/cpu/results/<date>-mutations.md`` (``ci/tools/readme_tables.py record``).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import pathlib
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+
+@dataclass(frozen=True)
+class Mutation:
+    name: str
+    bug: str  # what the real engine met, and where
+    path: str
+    fixed: str  # the code as it is now (must occur exactly once)
+    broken: str  # the same site as it was before the fix
+    tests: tuple[str, ...]
+
+
+MUTATIONS = (
+    Mutation(
+        "tq-cache-transpose",
+        "issue 29: the verify route handed the op kv_cache.transpose(1, 2) on every line (634eb0c); on 0.23 "
+        "the block size was read as the KV-head count ('num_q_heads 4 is not a multiple of num_kv_heads 64')",
+        "vllm_platform_ext/patch/turboquant/spec_verify.py",
+        "        view = layout.op_view(kv_cache)\n"
+        "        reason = layout.check(view, int(impl.num_kv_heads),\n"
+        "                              layout_for(impl.kv_cache_dtype, int(impl.head_size)).slot_size_aligned)\n",
+        "        view, reason = kv_cache.transpose(1, 2), None\n",
+        ("tests/patch/test_turboquant_engine_contract.py::test_verify_route_in_the_lines_own_cache[0.23]",),
+    ),
+    Mutation(
+        "tq-codebook-version",
+        "issue 29: the codebook cache read centroids._version (634eb0c); vLLM's centroids are inference "
+        "tensors ('Inference tensors do not track version counter', 4bit_nc / 3bit_nc on 0.23)",
+        "vllm_platform_ext/ops/turboquant/codebook.py",
+        "    return None if t.is_inference() else t._version\n",
+        "    return t._version\n",
+        ("tests/ops/test_turboquant_ptx_emulated.py::test_codebook_tables_of_inference_tensors",),
+    ),
+    Mutation(
+        "maca-physical-id",
+        "issue 29: MacaPlatform called visible_device_id_to_physical_device_id, which 0.22/0.23 lack "
+        "(AttributeError under VLLM_PLATFORM_EXT_PLATFORM=maca on 0.23)",
+        "vllm_platform_ext/platform.py",
+        "        to_physical = getattr(cls, \"visible_device_id_to_physical_device_id\", None)\n"
+        "        return (to_physical or cls.device_id_to_physical_device_id)(device_id)\n",
+        "        return cls.visible_device_id_to_physical_device_id(device_id)\n",
+        ("tests/test_platform_lines.py::test_maca_platform_calls_on_each_line[0.23]",),
+    ),
+    Mutation(
+        "missing-target-skipped",
+        "issue 31: a needed fix whose target this vLLM lacks was reported 'skipped', so '0 failed' looked healthy",
+        "vllm_platform_ext/patching.py",
+        "        report.failed(step, group.name, f\"needed (its probe gave no reason to skip) but target missing: {exc}\")\n"
+        "        if strict:\n"
+        "            raise\n",
+        "        report.skipped(step, group.name, str(exc))\n"
+        "        if strict:\n"
+        "            raise\n",
+        ("tests/test_patching.py", "tests/test_bootstrap.py"),
+    ),
+)
+
+
+def _copy(dest: pathlib.Path) -> None:
+    archive = subprocess.run(["git", "archive", "HEAD"], cwd=ROOT, capture_output=True, check=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(dest)], input=archive, check=True)
+    for name in (".cache", ".venv-old"):
+        if (ROOT / name).exists():
+            (dest / name).symlink_to(ROOT / name)
+
+
+def _apply(dest: pathlib.Path, m: Mutation) -> None:
+    f = dest / m.path
+    text = f.read_text()
+    if text.count(m.fixed) != 1:
+        raise SystemExit(f"{m.name}: the fix site is not in {m.path} exactly once: update this mutation")
+    f.write_text(text.replace(m.fixed, m.broken))
+
+
+def _run_tests(dest: pathlib.Path, tests: tuple[str, ...]) -> tuple[int, str]:
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(dest), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep))
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *tests],
+                          cwd=dest, env=env, capture_output=True, text=True)
+    tail = [ln for ln in (proc.stdout + proc.stderr).splitlines() if ln.strip()]
+    return proc.returncode, (tail[-1] if tail else "")
+
+
+def main(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("names", nargs="*", help=f"mutations to run (default all): {', '.join(m.name for m in MUTATIONS)}")
+    ap.add_argument("--baseline", action="store_true", help="also run each mutation's tests on the unmutated copy")
+    args = ap.parse_args(argv)
+    known = {m.name: m for m in MUTATIONS}
+    unknown = [n for n in args.names if n not in known]
+    if unknown:
+        ap.error(f"unknown mutation(s) {', '.join(unknown)}; valid: {', '.join(known)}")
+    survived = 0
+    print("| mutation | bug put back | tests | unmutated | mutated | s |")
+    print("|---|---|---|---|---|---|")
+    for m in [known[n] for n in args.names] or list(MUTATIONS):
+        base = "not run"
+        if args.baseline:
+            with tempfile.TemporaryDirectory(prefix="vpe-mut-") as tmp:
+                _copy(pathlib.Path(tmp))
+                rc, last = _run_tests(pathlib.Path(tmp), m.tests)
+                base = f"{'pass' if rc == 0 else 'FAIL'} ({last})"
+        t0 = time.time()
+        with tempfile.TemporaryDirectory(prefix="vpe-mut-") as tmp:
+            _copy(pathlib.Path(tmp))
+            _apply(pathlib.Path(tmp), m)
+            rc, last = _run_tests(pathlib.Path(tmp), m.tests)
+        caught = rc != 0
+        survived += not caught
+        print(f"| {m.name} | {m.bug} | {', '.join(m.tests)} | {base} | "
+              f"{'caught' if caught else 'SURVIVED'} ({last}) | {time.time() - t0:.0f} |", flush=True)
+    return 1 if survived else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,130 @@
+"""Every figure the README states comes from a committed result file, and its GPU results table
+is generated from ``ci/gpu/results/`` (``ci/tools/readme_tables.py``)."""
+from __future__ import annotations
+
+from dataclasses import asdict
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO, load_tool
+from vllm_platform_ext.testing import cells
+
+rt = load_tool("ci/tools/readme_tables.py")
+REPO_PATH = Path(REPO)
+
+
+def _readme() -> str:
+    with open(f"{REPO}/README.md", encoding="utf-8") as f:
+        return f.read()
+
+
+def test_every_readme_figure_is_in_a_committed_result_file():
+    missing = rt.unbacked(_readme(), rt.result_texts())
+    assert not missing, ("README figures no committed result file (ci/*/results, benchmarks/RESULTS_*, "
+                         f"benchmarks/runs) contains: {missing}")
+
+
+@pytest.mark.parametrize("doc", sorted(p.name for p in (REPO_PATH / "docs").glob("*.md")))
+def test_every_docs_figure_is_in_a_committed_result_file(doc):
+    """The design notes under docs/ state measurements too: the same rule as the README."""
+    missing = rt.unbacked((REPO_PATH / "docs" / doc).read_text(encoding="utf-8"), rt.result_texts())
+    assert not missing, f"docs/{doc}: figures no committed result file contains: {missing}"
+
+
+def test_committed_result_files_carry_a_run_header():
+    for name, text in rt.result_texts().items():
+        if name.startswith("ci/"):
+            assert not rt.missing_header_keys(text), (name, rt.missing_header_keys(text))
+
+
+def test_gpu_results_tables_are_in_sync():
+    assert rt.render_all(_readme()) == _readme(), "run `python ci/tools/readme_tables.py write`"
+
+
+def test_full_matrix_summary_counts_each_row_per_line(tmp_path):
+    """The `full` matrices' summary, from shard files written here: rows by graphs, speculation and bf16 or
+    TurboQuant KV (the presets together), plugin-on statuses and upstream's, per vLLM line; other files ignored."""
+    import json
+
+    def res(model, mode, k, kv, graphs, plugin, status):
+        return {"cell": {"model": model, "mode": mode, "k": k, "kv": kv, "graphs": graphs, "plugin": plugin},
+                "status": status}
+
+    d = tmp_path / "results"
+    d.mkdir()
+    (d / "2026-01-01-w1-0.23.0-full-shard01.json").write_text(json.dumps([
+        res("a", "mtp", 3, "turboquant_k8v4", "full_and_piecewise", True, "pass"),
+        res("b", "mtp", 3, "turboquant_3bit_nc", "full_and_piecewise", True, "fail"),
+        res("a", "mtp", 3, "turboquant_k8v4", "full_and_piecewise", False, "upstream-crash"),
+        res("a", "mtp", 3, "turboquant_3bit_nc", "full_and_piecewise", False, "upstream-wrong"),
+        res("a", "ngram", 3, "auto", "eager", False, "upstream-works")]))
+    (d / "2026-01-01-w1-0.26.0-full-shard02.json").write_text(json.dumps([
+        res("a", "base", 0, "auto", "full_and_piecewise", True, "pass")]))
+    (d / "2026-01-01-w1-0.26.0-tq.json").write_text(json.dumps([res("a", "base", 0, "auto", "eager", True, "fail")]))
+    rows = rt.full_matrix_table(d).splitlines()
+    assert rows[0] == ("| graphs | speculation | KV | 0.23.0 with the plugin | 0.23.0 upstream alone | "
+                       "0.26.0 with the plugin | 0.26.0 upstream alone |")
+    assert rows[2:] == [
+        "| FULL_AND_PIECEWISE | none | bf16 | — | — | 1 pass | — |",
+        "| FULL_AND_PIECEWISE | MTP k=3 | TurboQuant | 1 pass, 1 not | 1 crash, 1 wrong | — | — |",
+        "| eager | ngram k=3 | bf16 | — | 1 right | — | — |"]
+    readme = f"x\n{rt.MATRIX_BEGIN}\nold\n{rt.MATRIX_END}\n{rt.BEGIN}\nold\n{rt.END}\n"
+    assert rt.full_matrix_table(d) in rt.render(readme, rt.full_matrix_table(d), rt.MATRIX_BEGIN, rt.MATRIX_END)
+
+
+# ---- the checks themselves ----------------------------------------------------------------------
+
+def test_figures_are_found_and_requirements_are_not():
+    text = "Python ≥ 3.10; k=1/2/4; 4.2x faster, 19/347 accepted, 2906 tok/s, bad 0.004, 12 of 13 fail, 3 min"
+    got = rt.figures(text)
+    assert {"4.2x", "19/347", "2906 tok/s", "0.004", "12 of 13", "3 min"} <= set(got), got
+    assert "3.10" not in got and "2/4" not in got
+
+
+def test_an_unbacked_figure_is_reported():
+    texts = {"ci/cpu/results/x.md": "- date: d\nbase 2906 tok/s\n```\nqwen3_next  mtp  2  0.000  PASS\n```"}
+    readme = "It runs 2906 tok/s.\n\n```\nqwen3_next  mtp  2  0.000  PASS\n```\n"
+    assert rt.unbacked(readme, texts) == []
+    assert rt.unbacked(readme.replace("2906", "3100"), texts) == ["3100 tok/s"]
+    # a sample output line must stand in a result file as it is, not only its numbers
+    assert rt.unbacked(readme.replace("0.000  PASS", "0.000  FAIL"), texts) == ["qwen3_next  mtp  2  0.000  FAIL"]
+
+
+def test_ranges_need_both_ends_and_commands_are_not_samples():
+    texts = {"ci/gpu/results/x.md": "- date: d\ninit 208 s ... init 260 s\n"}
+    assert rt.unbacked("Engines start in 208-260 s.", texts) == []
+    assert rt.unbacked("Engines start in 160–260 s.", texts) == ["160–260 s"]
+    assert rt.unbacked("```\npython ci/tools/x.py --vllm 0.23.0 --python 3.12\n```\n", texts) == []
+    assert rt.unbacked("```\nrow 0.123  PASS\n```\n", texts) == ["row 0.123  PASS"]
+
+
+def _results_md(vllm="0.23.0") -> str:
+    on = cells.CellResult(cell=asdict(cells.Cell("qwen3_next", "mtp", 3, "turboquant_k8v4", plugin=True)), id="a",
+                          status="pass", bad=0.0, floor=0.004, accepted=40, draft_tokens=90,
+                          engine_path={"device": "NVIDIA H100 80GB HBM3"},
+                          versions={"vllm": vllm, "torch": "2.11.0+cu130"}, date="2026-11-25 21:00 UTC")
+    off = cells.CellResult(cell=asdict(cells.Cell("qwen3_next", "mtp", 3, "turboquant_k8v4", plugin=False)), id="b",
+                           status="upstream-crash", error="RuntimeError: Workspace is locked",
+                           versions=on.versions, date=on.date)
+    return cells.markdown([on, off])
+
+
+def test_gpu_table_with_zero_and_more_result_files(tmp_path, monkeypatch):
+    assert "No GPU engine matrix result" in rt.gpu_table(tmp_path)
+    src = tmp_path / "results.md"
+    src.write_text(_results_md())
+    monkeypatch.setattr(rt, "GPU_RESULTS", tmp_path / "ci" / "gpu" / "results")
+    monkeypatch.setattr(rt, "ROOT", tmp_path)
+    assert rt.main(["gpu-add", str(src), "--command", "bash ci/gpu/run.sh --do engine", "--commit", "abc1234"]) == 0
+    (filed,) = (tmp_path / "ci" / "gpu" / "results").glob("*.md")
+    assert filed.name == "2026-11-25-vllm-0.23.md"
+    text = filed.read_text()
+    assert not rt.missing_header_keys(text), text[:400]
+    assert rt.parse_header(text)["device"] == "NVIDIA H100 80GB HBM3"
+    table = rt.gpu_table(tmp_path / "ci" / "gpu" / "results")
+    assert "| 0.23.0 | NVIDIA H100 80GB HBM3 | 2026-11-25 | 1 pass | 1 upstream-crash |" in table
+    readme = f"x\n{rt.BEGIN}\nold\n{rt.END}\ny\n"
+    assert rt.render(readme, table) == f"x\n{rt.BEGIN}\n{table}\n{rt.END}\ny\n"
+    with pytest.raises(ValueError, match="generated block"):
+        rt.render("no markers", table)

@@ -1,0 +1,36 @@
+"""`verify` and the GPU cells judge a run whose engine process reports a failed plugin patch
+group (a fix its probe calls needed, whose target this vLLM lacks) as FAIL, even when its tokens
+audit clean: the fix did not land, so a clean audit is luck, not the plugin's doing."""
+from vllm_platform_ext.testing import cells
+from vllm_platform_ext.verify import runner
+from vllm_platform_ext.testing.engine import EngineRun, failed_patches
+
+
+class _Audit:
+    bad_fraction, positions = 0.0, 100
+
+
+def _run(**patches):
+    return EngineRun(mode="mtp", k=2, num_draft_tokens=10, num_accepted_tokens=4, patches=patches)
+
+
+def test_failed_patches_lists_only_failures():
+    run = _run(**{"gdn.cpu_spec_decode": "failed", "turboquant_spec_verify": "skipped", "x": "applied"})
+    assert failed_patches(run) == ["gdn.cpu_spec_decode"]
+    assert failed_patches(EngineRun(mode="base", k=0)) == []
+
+
+def test_verify_row_fails_on_a_failed_patch_group():
+    ok, note = runner.judge(_run(**{"gdn.cpu_spec_decode": "applied"}), _Audit(), floor=0.0, margin=0.02)
+    assert ok and note == ""
+    ok, note = runner.judge(_run(**{"gdn.cpu_spec_decode": "failed"}), _Audit(), floor=0.0, margin=0.02)
+    assert not ok and "gdn.cpu_spec_decode" in note
+
+
+def test_gpu_cell_fails_on_a_failed_patch_group_plugin_on_only():
+    run = _run(**{"turboquant_spec_verify": "failed"})
+    status, note = cells.judge(cells.Cell(mode="mtp", k=2, plugin=True), run, _Audit(), floor=0.0, margin=0.02)
+    assert status == "fail" and "turboquant_spec_verify" in note
+    # plugin-off cells disable the groups; their status is upstream's, judged by the audit
+    status, _ = cells.judge(cells.Cell(mode="mtp", k=2, plugin=False), run, _Audit(), floor=0.0, margin=0.02)
+    assert status == "upstream-works"

@@ -1,0 +1,310 @@
+"""CUDA-path GDN wiring: zero-draft decode rows must run the speculative path.
+
+After a verify step that accepted ``a`` tokens, a request's recurrent state is in block-table
+column ``a-1`` and its conv window at offset ``a-1``; only vLLM's speculative GDN path reads
+them there. When the next step gives the request no drafts (ngram / suffix / prompt-lookup
+proposers do this), older vLLM lines class the row as a plain decode, which reads column 0
+and offset 0: stale state (vllm#39273, PR #40738, seeds/000).
+
+vLLM 0.32/0.33 fixed it by keeping such rows speculative with zero drafts: the runner marks
+them ``num_decode_draft_tokens = 0`` (``zero_draft_decode_mask``), passes the accepted counts
+on every step of a speculative config, and the builder selects spec rows with ``>= 0`` and
+runs the spec path even when every row drafted nothing. The probes below look for exactly
+that in the installed sources and skip the group with the lines found as evidence.
+
+On the older lines (run against the real vLLM 0.23.0; the probes also match the 0.19.0, 0.26.0
+and 0.27.0 sources) three places lack it, and the group patches all three or nothing:
+
+* runner, ``GPUModelRunner._build_attention_metadata``: passes ``num_accepted_tokens`` to the
+  GDN builder only when some request has drafts this step (``if use_spec_decode and
+  isinstance(builder, ...)``). The runner keeps the accepted counts current on every step
+  (``_prepare_inputs`` copies them to ``self.num_accepted_tokens`` whenever speculative tokens
+  are configured); the wrapper offers them to the GDN builder for the duration of the call
+  (a context variable), so other builders (Mamba2) see nothing new. It does so only for a
+  scheduled step (the call that passes ``num_scheduled_tokens``), never for ``_dummy_run``
+  (profiling, warm-up, graph capture): there the buffers hold zeros or stale values, and
+  upstream's own all-zero gate is what keeps those batches off the spec path. Opening that
+  gate in the warm-up runs before a FULL graph capture (``force_attention``, buffers still
+  zero) made the spec kernels read state column ``0 - 1``: the CUDA illegal memory access of
+  KV auto + MTP k=3 + FULL_AND_PIECEWISE on vLLM 0.23. During a capture itself the builder's
+  ``build_for_cudagraph_capture`` passes consistent counts (accepted = query length), and
+  one-token rows are captured on the spec path, as scheduled steps run them. The builder
+  wrapper changes nothing outside a scheduled step or a capture.
+* builder, ``GDNAttentionMetadataBuilder.build``: decode rows without drafts arrive as ``-1``
+  (or with no draft counts at all). The wrapper marks one-token rows that are not prefilling
+  (``common_attn_metadata.is_prefilling``, the runner's ``num_computed < num_prompt``: the
+  same test as 0.32's ``zero_draft_decode_mask``) as zero-draft spec rows, takes the accepted
+  counts from the runner when none were passed, and keeps the builder's all-zero-draft sum gate
+  from discarding them. A one-token last prompt chunk is prefilling, so it stays a non-spec row
+  (a prefill with initial state, as upstream does).
+* layer, ``QwenGatedDeltaNetAttention._forward_core`` (0.19: ``gdn_linear_attn.GatedDeltaNetAttention``): in a batch that mixes spec rows with
+  prefills, its spec call of ``fused_sigmoid_gating_delta_rule_update`` passes the gates
+  ``a``/``b`` of the whole batch, not of the spec tokens (upstream fixed it in PR #51812 with
+  ``a.index_select(0, spec_token_indx)``). Rerouting zero-draft rows creates such mixed batches
+  on steps without drafts, so the group selects the spec tokens' gates for that call.
+
+Not covered: the V2 model runner (``vllm/v1/worker/gpu/``; not the default for hybrid models
+on these lines, and it rejects ngram drafting) and the ROCm ``_forward_core_rocm`` path.
+"""
+from __future__ import annotations
+
+import contextvars
+import importlib.util
+import inspect
+import re
+from typing import Any, Callable
+
+from vllm_platform_ext.patching import Patch, PatchGroup
+from vllm_platform_ext.patch.sources import module_source, read_safely
+
+BUILDER_MODULE = "vllm.v1.attention.backends.gdn_attn"
+RUNNER_MODULE = "vllm.v1.worker.gpu_model_runner"
+# where the GDN layer lives: 0.2x (gdn/ package), 0.19 (one module); the first that exists is used
+LAYER_LOCATIONS = (
+    ("vllm.model_executor.layers.mamba.gdn.qwen_gdn_linear_attn", "QwenGatedDeltaNetAttention"),
+    ("vllm.model_executor.layers.mamba.gdn_linear_attn", "GatedDeltaNetAttention"),
+)
+BUILD_TARGET = f"{BUILDER_MODULE}:GDNAttentionMetadataBuilder.build"
+RUNNER_TARGET = f"{RUNNER_MODULE}:GPUModelRunner._build_attention_metadata"
+LAYER_MODULE = "<gdn layer module>"  # probe() key for the module found in LAYER_LOCATIONS
+
+# upstream evidence (0.32/0.33)
+_RUNNER_FIX = re.compile(r"zero_draft_decode_mask\s*=")
+_BUILDER_SPEC_MASK = re.compile(r"spec_sequence_masks(_cpu)?\s*=\s*num_decode_draft_tokens_cpu\s*>=\s*0")
+# the old gate that sends an all-zero-draft batch down the plain path
+_OLD_SUM_GATE = re.compile(r"num_decode_draft_tokens_cpu\[\s*num_decode_draft_tokens_cpu\s*>=\s*0\s*\]\s*"
+                           r"\.sum\(\)\s*\.item\(\)\s*==\s*0", re.S)
+# old runner: GDN builders get the accepted counts only on steps where some request drafted
+_RUNNER_GATE = re.compile(r"if\s+use_spec_decode\s+and\s+isinstance\(\s*builder,\s*\([^)]*GDNAttentionMetadataBuilder",
+                          re.S)
+_RUNNER_PASSES_ACCEPTED = re.compile(r"num_accepted_tokens\s*=\s*self\.num_accepted_tokens\.gpu\[\s*:\s*num_reqs_padded\s*\]")
+# ... although it refreshes them on every step (in _prepare_inputs, whenever spec tokens are configured)
+_RUNNER_SYNCS_ACCEPTED = re.compile(r"self\.num_accepted_tokens_event\.synchronize\(\).*?"
+                                    r"self\.num_accepted_tokens\.copy_to_gpu\(\)", re.S)
+# what the builder wrapper reads to tell a decode row from a one-token prompt chunk
+_RUNNER_IS_PREFILLING = re.compile(r"is_prefilling\s*=\s*num_computed_tokens_cpu\s*<\s*num_prompt_tokens_cpu")
+# how the runner wrapper tells a scheduled step from a dummy run: only execute_model passes these
+_RUNNER_REAL_STEP = re.compile(r"num_scheduled_tokens\s*=\s*scheduler_output\.num_scheduled_tokens")
+# old layer: the spec call takes the gates of the whole batch
+_LAYER_SPEC_GATES = re.compile(r"fused_sigmoid_gating_delta_rule_update\(\s*A_log=self\.A_log,\s*a=a,\s*b=b,"
+                               r"[^()]*?num_accepted_tokens=num_accepted_tokens", re.S)
+_LAYER_SPEC_GATES_FIXED = re.compile(r"\ba\.index_select\(\s*0,\s*spec_token_indx\s*\)")
+
+_RUNNER_FEATURES = ("runner_gate", "runner_passes_accepted", "runner_syncs_accepted", "runner_is_prefilling",
+                    "runner_real_step")
+_OLD_LINE_FEATURES = ("builder_spec_mask", "builder_sum_gate", *_RUNNER_FEATURES, "layer_spec_gates")
+
+# the runner's accepted counts during a scheduled step, offered to the GDN builder (runner patch ->
+# builder patch); CAPTURE during a CUDA graph capture; None otherwise (dummy and warm-up runs, a
+# builder called on its own)
+_STEP_ACCEPTED: contextvars.ContextVar = contextvars.ContextVar("gdn_cuda_step_accepted", default=None)
+# the GDN metadata of the layer whose _forward_core is running (layer patch -> gating patch)
+_LAYER_METADATA: contextvars.ContextVar = contextvars.ContextVar("gdn_cuda_layer_metadata", default=None)
+CAPTURE = "cudagraph-capture"
+
+
+def _line_of(text: str, m: re.Match) -> int:
+    return text.count("\n", 0, m.start()) + 1
+
+
+def _exists(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def layer_location(exists: Callable[[str], bool] = _exists) -> tuple[str, str]:
+    for module, cls in LAYER_LOCATIONS:
+        if exists(module):
+            return module, cls
+    return LAYER_LOCATIONS[0]
+
+
+def targets() -> tuple[str, str, str, str]:
+    """The group's four targets: builder, runner, layer ``_forward_core``, layer's gating kernel name."""
+    module, cls = layer_location()
+    return (BUILD_TARGET, RUNNER_TARGET, f"{module}:{cls}._forward_core",
+            f"{module}:fused_sigmoid_gating_delta_rule_update")
+
+
+def probe(sources: Callable[[str], tuple[str, str] | None] = module_source) -> dict[str, Any]:
+    """What the installed vLLM does with zero-draft decode rows (reads sources, imports nothing).
+
+    Each key holds ``path:line`` of the code found, or None. ``sources`` maps a module name to
+    ``(path, text)`` (tests point it at other vLLM versions' files)."""
+    checks = {
+        "runner_fix": (RUNNER_MODULE, _RUNNER_FIX),
+        "runner_gate": (RUNNER_MODULE, _RUNNER_GATE),
+        "runner_passes_accepted": (RUNNER_MODULE, _RUNNER_PASSES_ACCEPTED),
+        "runner_syncs_accepted": (RUNNER_MODULE, _RUNNER_SYNCS_ACCEPTED),
+        "runner_is_prefilling": (RUNNER_MODULE, _RUNNER_IS_PREFILLING),
+        "runner_real_step": (RUNNER_MODULE, _RUNNER_REAL_STEP),
+        "builder_spec_mask": (BUILDER_MODULE, _BUILDER_SPEC_MASK),
+        "builder_sum_gate": (BUILDER_MODULE, _OLD_SUM_GATE),
+        "layer_spec_gates": (LAYER_MODULE, _LAYER_SPEC_GATES),
+        "layer_spec_gates_fixed": (LAYER_MODULE, _LAYER_SPEC_GATES_FIXED),
+    }
+    out: dict[str, Any] = dict.fromkeys(checks)
+    texts: dict[str, tuple[str, str] | None] = {}
+    layer_module = layer_location(lambda mod: read_safely(sources, mod) is not None)[0]
+    for key, (module, pattern) in checks.items():
+        module = layer_module if module == LAYER_MODULE else module
+        if module not in texts:
+            texts[module] = read_safely(sources, module)
+        src = texts[module]
+        if src:
+            m = pattern.search(src[1])
+            if m:
+                out[key] = f"{src[0]}:{_line_of(src[1], m)}"
+    return out
+
+
+def skip_reason(p: dict[str, Any] | None = None) -> str | None:
+    p = probe() if p is None else p
+    if p["runner_fix"] and p["builder_spec_mask"] and not p["builder_sum_gate"]:
+        return ("upstream already runs zero-draft decode rows on the speculative path: "
+                f"runner zero_draft_decode_mask at {p['runner_fix']}, builder '>= 0' spec mask at "
+                f"{p['builder_spec_mask']}, no all-zero-draft sum gate")
+    missing = [k for k in _OLD_LINE_FEATURES if not p[k]]
+    if p["runner_fix"] or p["layer_spec_gates_fixed"] or missing:
+        found = {k: v for k, v in p.items() if v}
+        return ("installed vLLM matches neither the fixed (0.32+) nor the old (0.19-0.26) GDN code; "
+                f"not patching blind: old-line features missing {missing}, found {found}")
+    return None
+
+
+def spec_row_drafts(query_start_loc_cpu, is_prefilling, num_decode_draft_tokens_cpu, num_reqs: int,
+                    keep_sum_gate_open: bool):
+    """The draft counts the builder should see (a new tensor; the input is not modified).
+
+    Rows marked ``-1`` (or all rows, when ``num_decode_draft_tokens_cpu`` is None) that are
+    decode rows -- one token, not prefilling -- become ``0``: spec rows with zero drafts. With
+    ``is_prefilling`` None nothing is reclassified. With ``keep_sum_gate_open`` and every spec
+    row at zero drafts, one of them is given ``1``: the old builder reads the counts only
+    through ``>= 0`` and through its ``.sum() == 0`` gate, so classification is unchanged and
+    the gate stays open."""
+    import torch
+
+    if num_decode_draft_tokens_cpu is None:
+        drafts = torch.full((query_start_loc_cpu.shape[0] - 1,), -1, dtype=torch.int32)
+    else:
+        drafts = num_decode_draft_tokens_cpu.clone()
+    n = min(num_reqs, drafts.shape[0])
+    if is_prefilling is not None:
+        qlens = (query_start_loc_cpu[1:n + 1] - query_start_loc_cpu[:n]).to(drafts.device)
+        decode = (qlens == 1) & ~is_prefilling[:n].to(device=drafts.device, dtype=torch.bool)
+        head = drafts[:n]
+        head[(head < 0) & decode] = 0
+    spec = drafts >= 0
+    if keep_sum_gate_open and bool(spec.any()) and int(drafts[spec].sum()) == 0:
+        drafts[int(torch.nonzero(spec)[0, 0])] = 1
+    return drafts
+
+
+def _make_build(orig: Callable) -> Callable:
+    gate = bool(probe()["builder_sum_gate"])
+
+    def build(self, common_prefix_len, common_attn_metadata, num_accepted_tokens=None,
+              num_decode_draft_tokens_cpu=None, *args, **kwargs):
+        m = common_attn_metadata
+        step = _STEP_ACCEPTED.get()  # None outside a scheduled step or a capture: leave all to upstream
+        if step is not None and getattr(self, "use_spec_decode", False):
+            if num_accepted_tokens is None and step is not CAPTURE:
+                num_accepted_tokens = step[: m.num_reqs]
+            if num_accepted_tokens is not None:
+                num_decode_draft_tokens_cpu = spec_row_drafts(
+                    m.query_start_loc_cpu, getattr(m, "is_prefilling", None), num_decode_draft_tokens_cpu,
+                    m.num_reqs, gate)
+        return orig(self, common_prefix_len, m, num_accepted_tokens, num_decode_draft_tokens_cpu, *args, **kwargs)
+
+    build.__wrapped__ = orig
+    return build
+
+
+def _make_runner_build_attention_metadata(orig: Callable) -> Callable:
+    sig = inspect.signature(orig)
+    for name in ("num_reqs", "num_reqs_padded", "for_cudagraph_capture", "num_scheduled_tokens"):
+        if name not in sig.parameters:
+            raise TypeError(f"GPUModelRunner._build_attention_metadata has no parameter {name!r}")
+
+    def _build_attention_metadata(self, *args, **kwargs):
+        accepted = None
+        if (getattr(self, "speculative_config", None) is not None
+                and getattr(self, "num_accepted_tokens_event", None) is not None):
+            bound = sig.bind(self, *args, **kwargs).arguments
+            if bound.get("for_cudagraph_capture", False):
+                accepted = CAPTURE
+            elif bound.get("num_scheduled_tokens") is not None:  # execute_model; _dummy_run passes none
+                n = bound.get("num_reqs_padded") or bound["num_reqs"]
+                accepted = self.num_accepted_tokens.gpu[:n]
+        token = _STEP_ACCEPTED.set(accepted)
+        try:
+            return orig(self, *args, **kwargs)
+        finally:
+            _STEP_ACCEPTED.reset(token)
+
+    _build_attention_metadata.__wrapped__ = orig
+    return _build_attention_metadata
+
+
+def _make_forward_core(orig: Callable) -> Callable:
+    from vllm.forward_context import get_forward_context
+
+    def _forward_core(self, *args, **kwargs):
+        md = get_forward_context().attn_metadata
+        md = md.get(self.prefix) if isinstance(md, dict) else None
+        token = _LAYER_METADATA.set(md)
+        try:
+            return orig(self, *args, **kwargs)
+        finally:
+            _LAYER_METADATA.reset(token)
+
+    _forward_core.__wrapped__ = orig
+    return _forward_core
+
+
+def _make_gating(orig: Callable) -> Callable:
+    def fused_sigmoid_gating_delta_rule_update(*args, **kwargs):
+        md = _LAYER_METADATA.get()
+        if (md is not None and kwargs.get("num_accepted_tokens") is not None
+                and getattr(md, "spec_sequence_masks", None) is not None
+                and (md.num_prefills > 0 or md.num_decodes > 0)
+                and kwargs.get("a") is not None and kwargs.get("b") is not None):
+            # the layer's mixed-batch condition for index-selecting the spec tokens' qkv
+            idx = md.spec_token_indx
+            kwargs["a"] = kwargs["a"].index_select(0, idx)
+            kwargs["b"] = kwargs["b"].index_select(0, idx)
+        return orig(*args, **kwargs)
+
+    fused_sigmoid_gating_delta_rule_update.__wrapped__ = orig
+    return fused_sigmoid_gating_delta_rule_update
+
+
+def _patches() -> list[Patch]:
+    build, runner, core, gating = targets()
+    return [
+        Patch(build, _make_build),
+        Patch(runner, _make_runner_build_attention_metadata),
+        Patch(core, _make_forward_core),
+        Patch(gating, _make_gating),
+    ]
+
+
+def groups() -> list[PatchGroup]:
+    return [
+        PatchGroup(
+            name="gdn.cuda_zero_draft_spec_rows",
+            why="zero-draft decode rows read the accepted SSM slot / conv offset (spec path), vllm#39273",
+            build=_patches,
+            skip_if=skip_reason,
+            upstream="vllm#39273 / PR #40738 (seeds/000); vLLM 0.32 runs such rows on the spec path itself "
+                     "(runner zero_draft_decode_mask, builder '>= 0' spec mask); the layer's spec-token gates: "
+                     "PR #51812",
+            retire="probe: the runner's zero_draft_decode_mask and the builder's '>= 0' spec mask present "
+                   "and no all-zero-draft sum gate -> skipped as not needed (vLLM 0.32+)",
+        )
+    ]
+
+
+GROUPS: list[PatchGroup] = groups()

@@ -1,0 +1,185 @@
+"""Teacher-forced audit of generated tokens against a transformers float32 reference.
+
+For a prompt ``p`` and generated tokens ``g``, one float32 forward over ``p + g`` gives the
+log-probabilities at every generated position; the *regret* of a chosen token is
+``max logprob - logprob(chosen)`` (0 when it is the reference argmax). A position is *bad*
+when its regret exceeds :data:`BAD_NATS`.
+
+The *floor* is the bad fraction of transformers' own bfloat16 greedy tokens under the same
+float32 audit: what bf16 arithmetic alone costs. An engine passes when its bad fraction is at
+most ``floor + MARGIN``.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass, field
+
+BAD_NATS = 0.5
+MARGIN = 0.02
+
+
+@dataclass
+class AuditResult:
+    regrets: list = field(default_factory=list)  # one list of floats per request
+
+    @property
+    def positions(self) -> int:
+        return sum(len(r) for r in self.regrets)
+
+    @property
+    def bad(self) -> int:
+        return sum(1 for r in self.regrets for x in r if x > BAD_NATS)
+
+    @property
+    def bad_fraction(self) -> float:
+        return self.bad / self.positions if self.positions else 0.0
+
+    @property
+    def max_regret(self) -> float:
+        return max((x for r in self.regrets for x in r), default=0.0)
+
+    def first_bad(self) -> list:
+        """Index of the first bad position per request (``None`` if none)."""
+        return [next((i for i, x in enumerate(r) if x > BAD_NATS), None) for r in self.regrets]
+
+
+def passes(bad_fraction: float, floor: float, margin: float = MARGIN) -> bool:
+    return bad_fraction <= floor + margin
+
+
+class Reference:
+    """A transformers model of a local checkpoint, float32 for the audit, bf16 for the floor."""
+
+    def __init__(self, model_dir: str, threads: int | None = None, device: str = "cpu"):
+        import torch
+        from transformers import AutoModelForCausalLM
+
+        if threads:
+            torch.set_num_threads(threads)
+        if device.startswith("cuda"):  # float32 means float32: no TF32 in matmuls or convolutions
+            torch.backends.cuda.matmul.allow_tf32 = False
+            torch.backends.cudnn.allow_tf32 = False
+        self.model_dir, self.device = str(model_dir), device
+        self.fp32 = AutoModelForCausalLM.from_pretrained(self.model_dir, dtype=torch.float32).eval().to(device)
+        self._bf16 = None
+
+    @property
+    def bf16(self):
+        if self._bf16 is None:
+            import torch
+            from transformers import AutoModelForCausalLM
+
+            self._bf16 = AutoModelForCausalLM.from_pretrained(self.model_dir, dtype=torch.bfloat16).eval().to(self.device)
+        return self._bf16
+
+    def logprobs(self, ids: list[int]):
+        """float32 log-softmax over the vocabulary at every position of ``ids`` (one forward)."""
+        import torch
+
+        with torch.inference_mode():
+            x = torch.tensor([list(ids)], dtype=torch.long, device=self.device)
+            logits = self.fp32(input_ids=x, use_cache=False).logits[0].float()
+            return torch.log_softmax(logits, dim=-1).cpu()
+
+    def regrets(self, prompt: list[int], generated: list[int]) -> list[float]:
+        if not generated:
+            return []
+        lp = self.logprobs(list(prompt) + list(generated)[:-1])
+        n = len(prompt)
+        rows = lp[n - 1:]  # row j predicts generated[j]
+        import torch
+
+        chosen = rows.gather(1, torch.tensor(list(generated)).view(-1, 1)).squeeze(1)
+        return (rows.max(dim=1).values - chosen).tolist()
+
+    def audit(self, prompts: list[list[int]], generated: list[list[int]]) -> AuditResult:
+        if len(prompts) != len(generated):
+            raise ValueError(f"{len(prompts)} prompts but {len(generated)} generations")
+        return AuditResult([self.regrets(p, g) for p, g in zip(prompts, generated)])
+
+    def greedy(self, prompt: list[int], max_tokens: int, dtype: str = "bf16") -> list[int]:
+        """transformers greedy decoding with its KV/recurrent cache."""
+        import torch
+
+        model = self.bf16 if dtype == "bf16" else self.fp32
+        with torch.inference_mode():
+            x = torch.tensor([list(prompt)], dtype=torch.long, device=self.device)
+            out = model.generate(input_ids=x, attention_mask=torch.ones_like(x), do_sample=False,
+                                 max_new_tokens=max_tokens, min_new_tokens=max_tokens,
+                                 use_cache=True, pad_token_id=0, eos_token_id=None)
+        return out[0, len(prompt):].tolist()
+
+    def floor(self, prompts: list[list[int]], max_tokens: int) -> AuditResult:
+        """The fp32 audit of transformers' own bf16 greedy tokens."""
+        gen = [self.greedy(p, max_tokens, "bf16") for p in prompts]
+        return self.audit(prompts, gen)
+
+
+def reference_python() -> str:
+    """The interpreter the float32 reference runs in: ``VPE_REFERENCE_PYTHON`` (on the GPU machine,
+    ``ci/gpu/run.sh`` sets the machine's own python3, whose transformers knows Qwen3.5 where the
+    vLLM line's pinned one does not), else this one."""
+    return os.environ.get("VPE_REFERENCE_PYTHON") or sys.executable
+
+
+def reference_audits(model_dir: str, prompts: list[list[int]], generated: dict, max_tokens: int,
+                     python: str | None = None, timeout: float = 3600) -> tuple[AuditResult, dict]:
+    """(floor, {key: audit}) for one checkpoint: the bf16 floor over ``max_tokens`` and the float32
+    audit of each entry of ``generated`` (key -> one token list per prompt), in a separate process
+    of ``python`` (default :func:`reference_python`) that reads only the checkpoint and the token
+    ids, so the engine's environment and the reference's transformers never meet. Raises
+    ``RuntimeError`` with the reference's own error when it cannot load or audit the model."""
+    python = python or reference_python()
+    job = {"model_dir": str(model_dir), "prompts": prompts, "generated": generated, "max_tokens": max_tokens}
+    with tempfile.TemporaryDirectory(prefix="vpe-ref-") as tmp:
+        jp, op = os.path.join(tmp, "job.json"), os.path.join(tmp, "out.json")
+        with open(jp, "w") as f:
+            json.dump(job, f)
+        # only this package on the path: where it is installed in the engine's venv, that venv's
+        # site-packages (its transformers) must not shadow the reference interpreter's own
+        pkg = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        os.makedirs(os.path.join(tmp, "path"))
+        os.symlink(pkg, os.path.join(tmp, "path", os.path.basename(pkg)))
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+            [os.path.join(tmp, "path")] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]),
+            "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+        proc = subprocess.run([python, "-m", "vllm_platform_ext.testing.audit", jp, op], env=env,
+                              capture_output=True, text=True, timeout=timeout)
+        if proc.returncode != 0:
+            raise RuntimeError(f"reference ({python}) failed on {model_dir} (rc={proc.returncode}):\n"
+                               f"{(proc.stdout + proc.stderr)[-3000:]}")
+        with open(op) as f:
+            data = json.load(f)
+    return AuditResult(data["floor"]), {k: AuditResult(v) for k, v in data["audits"].items()}
+
+
+def reference_device() -> str:
+    """Where the reference runs: ``VPE_REFERENCE_DEVICE`` (``cpu``, default, or ``cuda``; the GPU
+    harness sets ``cuda``: on the GPU machine the CPU reference of 19 cells outlasted a device
+    window beside the engines' start-up, 2026-11-27)."""
+    device = os.environ.get("VPE_REFERENCE_DEVICE", "cpu") or "cpu"
+    if device != "cpu" and not device.startswith("cuda"):
+        raise ValueError(f"VPE_REFERENCE_DEVICE={device!r}: want cpu or cuda[:N]")
+    return device
+
+
+def _worker(job_path: str, out_path: str) -> int:
+    with open(job_path) as f:
+        job = json.load(f)
+    ref = Reference(job["model_dir"], device=reference_device())
+    floor = ref.floor(job["prompts"], job["max_tokens"])
+    audits = {k: ref.audit(job["prompts"], v).regrets for k, v in job["generated"].items()}
+    import transformers
+
+    with open(out_path, "w") as f:
+        json.dump({"floor": floor.regrets, "audits": audits, "transformers": transformers.__version__,
+                   "device": ref.device}, f)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(_worker(sys.argv[1], sys.argv[2]))
