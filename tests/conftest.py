@@ -52,12 +52,20 @@ def in_process_bootstrap():
     plugin's). Compat's schemas stay: they only add what the line lacks."""
     import vllm_platform_ext
     from vllm.plugins import load_general_plugins
-    from vllm_platform_ext import patching
+    from vllm_platform_ext import patch, patching
+    from vllm_platform_ext.report import Status
 
     before = set(patching.applied_targets())
-    load_general_plugins()
+    load_general_plugins()  # the first time in this process: the bootstrap applies the groups
+    report = vllm_platform_ext.bootstrap.report()
+    # A later time in the same process vLLM's loader (plugins_loaded) and the bootstrap do nothing:
+    # put back what the bootstrap applied and an earlier exit took off.
+    applied = {e.name for e in (report.entries if report else []) if e.step == "patch" and e.status == Status.APPLIED}
+    for group in patch.groups():
+        if group.name in applied and not patching.applied_targets(group.name):
+            patching.apply(group.name, list(group.build()))
     try:
-        yield vllm_platform_ext.bootstrap.report()
+        yield report
     finally:
         for group in {patching.group_of(t) for t in set(patching.applied_targets()) - before}:
             patching.restore(group)

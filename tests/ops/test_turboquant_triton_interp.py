@@ -319,7 +319,7 @@ def test_shape_rules_depend_on_shapes_only():
     assert LP.v2_launch_config("turboquant_k8v4", 32, 4, 1, 1) is not base  # the table is not mutated
 
 
-def test_gluon_rules_and_fallback():
+def test_gluon_rules_and_fallback(monkeypatch):
     """GLUON_SHAPE_RULES: one stage with at most 168 registers by default; <= 8 programs (one
     request) two stages uncapped; K+1 = 3-4 on Hopper's warpgroup MMAs up to 32 rows; K+1 = 1-4
     over > 8 programs read the block-table entries a tile ahead (PREFETCH); K+1 >= 5 one
@@ -368,11 +368,8 @@ def test_gluon_rules_and_fallback():
 
     maca = [o for o in tq_ops.OPS if o.platform == "maca"][0]
     assert maca.config["gluon"] is False  # NVIDIA PTX inside: MetaX keeps the Triton kernel
-    os.environ["TRITON_INTERPRET"] = "1"
-    try:
-        assert not TV._gluon_ok()
-    finally:
-        del os.environ["TRITON_INTERPRET"]
+    monkeypatch.setenv("TRITON_INTERPRET", "1")  # put back as it was, set or not
+    assert not TV._gluon_ok()
 
 
 if __name__ == "__main__" and "--interp" in sys.argv:

@@ -24,6 +24,14 @@ def test_first_difference():
     assert first_difference([], []) is None
 
 
+def test_compare_refuses_lists_of_different_length():
+    """zip would silently drop the prompts past the shorter list."""
+    import pytest
+
+    with pytest.raises(ValueError, match="3 speculative outputs against 2 plain"):
+        compare([[1], [2], [3]], [[1], [2]])
+
+
 def test_compare_gives_the_gap_of_the_two_tokens_where_they_part():
     spec, plain = [[1, 2, 3], [4, 5, 6], [7, 8]], [[1, 2, 3], [4, 9, 6], [7, 8]]
     spec_r = [[0, 0, 0], [0, 0.03, 0], [0, 0]]

@@ -197,3 +197,12 @@ def test_qwen3_5_kit_in_the_old_vllm_line_uses_vllms_config_classes(tmp_path):
 def test_pass_rule():
     assert passes(0.03, 0.01) and not passes(0.031, 0.01)
     assert AuditResult([[0.0, 0.6], [0.1]]).bad_fraction == pytest.approx(1 / 3)
+
+
+def test_an_audit_of_no_position_never_passes():
+    """An engine that returned no token was not shown right: no positions is NaN, never a pass."""
+    import math
+
+    empty = AuditResult([[], []])
+    assert empty.positions == 0 and math.isnan(empty.bad_fraction)
+    assert not passes(empty.bad_fraction, 0.0) and not passes(empty.bad_fraction, 0.5, 0.5)

@@ -34,3 +34,13 @@ def test_gpu_cell_fails_on_a_failed_patch_group_plugin_on_only():
     # plugin-off cells disable the groups; their status is upstream's, judged by the audit
     status, _ = cells.judge(cells.Cell(mode="mtp", k=2, plugin=False), run, _Audit(), floor=0.0, margin=0.02)
     assert status == "upstream-works"
+
+
+def test_verify_row_fails_when_no_draft_is_accepted():
+    """Right tokens from a speculative engine that never accepted a draft prove nothing of the
+    acceptance path (issue 49): FAIL, naming it; plain decoding needs no drafts."""
+    run = EngineRun(mode="mtp", k=3, num_draft_tokens=300, num_accepted_tokens=0, patches={})
+    ok, note = runner.judge(run, _Audit(), floor=0.0, margin=0.02)
+    assert not ok and "no draft accepted of 300" in note
+    ok, _ = runner.judge(EngineRun(mode="base", k=0, patches={}), _Audit(), floor=0.0, margin=0.02)
+    assert ok

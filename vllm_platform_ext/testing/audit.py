@@ -36,7 +36,9 @@ class AuditResult:
 
     @property
     def bad_fraction(self) -> float:
-        return self.bad / self.positions if self.positions else 0.0
+        """Bad positions over audited ones; NaN for an audit of no position, which :func:`passes`
+        never passes (an engine that returned nothing was not shown right)."""
+        return self.bad / self.positions if self.positions else float("nan")
 
     @property
     def max_regret(self) -> float:

@@ -33,6 +33,9 @@ def compare(spec_tokens: list[list[int]], plain_tokens: list[list[int]], spec_re
     plus, when both runs were audited and hold position ``i``, ``"gap"`` (the float32
     log-probability gap between the two tokens at ``i``) and each token's regret there
     (``spec_regret``, ``plain_regret``: 0 is float32's argmax)."""
+    if len(spec_tokens) != len(plain_tokens):  # zip would drop the prompts past the shorter list
+        raise ValueError(f"{len(spec_tokens)} speculative outputs against {len(plain_tokens)} plain ones: "
+                         "compare the same prompts")
     out: list[dict | None] = []
     for p, (s, q) in enumerate(zip(spec_tokens, plain_tokens)):
         i = first_difference(s, q)

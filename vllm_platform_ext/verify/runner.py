@@ -163,11 +163,9 @@ def judge(run, audit, floor: float, margin: float) -> tuple[bool, str]:
         return False, f"plugin patch group failed in the engine: {', '.join(failed_patches(run))}"
     if run.mode != "base" and run.num_draft_tokens == 0:
         return False, "no drafts proposed: the spec path was not exercised"
-    ok = passes(audit.bad_fraction, floor, margin)
-    note = ""
-    if run.mode != "base" and run.num_accepted_tokens == 0:
-        note = "no draft accepted"
-    return ok, note
+    if run.mode != "base" and run.num_accepted_tokens == 0:  # right tokens prove nothing of the accept path
+        return False, f"no draft accepted of {run.num_draft_tokens}: the acceptance path was not exercised"
+    return passes(audit.bad_fraction, floor, margin), ""
 
 
 def audit_kind(kind: str, model_dir: Path, configs: list[EngineConfig], settings: EngineSettings,
