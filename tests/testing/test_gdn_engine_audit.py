@@ -28,6 +28,7 @@ from vllm_platform_ext.testing.audit import MARGIN, Reference, passes
 from vllm_platform_ext.testing.cpu_paths import AVX512_BF16, NO_AVX512_BF16, env_for
 from vllm_platform_ext.testing.engine import EngineConfig, EngineSettings, run_in_subprocess
 from vllm_platform_ext.testing.prompts import default_prompts
+from vllm_platform_ext.testing.ranks import route_problem
 from vllm_platform_ext.verify.runner import FULL_MODES, parse_modes
 from vllm_platform_ext.testing.tiny_models import CPU_KINDS, make_tiny_model
 
@@ -111,6 +112,9 @@ def _check_run(m: Matrix, run, cfg: EngineConfig, layout: str = "SD") -> None:
     if cfg.mode != "base":
         assert run.num_draft_tokens > 0, "no drafts: the spec path was not exercised"
         assert run.num_accepted_tokens > 0, "no draft accepted: multi-token steps not exercised"
+        # applied is patched, not called: every worker's counters show the plugin's GDN route ran
+        assert route_problem(run, GDN_GROUP, ("calls",)) is None, (route_problem(run, GDN_GROUP, ("calls",)),
+                                                                    run.routes, run.routes_error)
     audit = m.ref.audit(PROMPTS, run.tokens)
     print(f"[{where}] bad {audit.bad_fraction:.3f} floor {m.floor:.3f} first bad per prompt {audit.first_bad()}")
     assert passes(audit.bad_fraction, m.floor, MARGIN), (
@@ -200,6 +204,10 @@ def test_audit_fails_ngram_with_gdn_patch_off(path, tmp_path_factory):
     assert not off.error and not on.error, (off.error, on.error)
     assert off.patches.get(GDN_GROUP) == "skipped", off.patches
     assert on.patches.get(GDN_GROUP) == "applied", on.patches
+    # the route-off control routed nothing; the plugin's route ran on every worker
+    assert route_problem(off, GDN_GROUP, ("calls",)) is None and route_problem(on, GDN_GROUP, ("calls",)) is None, (
+        off.routes, off.routes_error, on.routes, on.routes_error)
+    assert min(c["routes"][GDN_GROUP]["calls"] for c in on.routes) > 0, on.routes
     assert off.engine_path.get("cpu_path") == on.engine_path.get("cpu_path") == path
     assert off.num_draft_tokens > 0 and on.num_draft_tokens > 0
     ref = Reference(model)

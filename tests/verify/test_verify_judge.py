@@ -10,8 +10,9 @@ class _Audit:
     bad_fraction, positions = 0.0, 100
 
 
-def _run(**patches):
-    return EngineRun(mode="mtp", k=2, num_draft_tokens=10, num_accepted_tokens=4, patches=patches)
+def _run(**patches):  # the CPU GDN route ran (its counters: testing.ranks.route_state)
+    return EngineRun(mode="mtp", k=2, num_draft_tokens=10, num_accepted_tokens=4, patches=patches,
+                     routes=[{"rank": 0, "routes": {"gdn.cpu_spec_decode": {"calls": 5}}}])
 
 
 def test_failed_patches_lists_only_failures():
@@ -44,3 +45,28 @@ def test_verify_row_fails_when_no_draft_is_accepted():
     assert not ok and "no draft accepted of 300" in note
     ok, _ = runner.judge(EngineRun(mode="base", k=0, patches={}), _Audit(), floor=0.0, margin=0.02)
     assert ok
+
+
+def _routes(calls):
+    return [{"rank": r, "routes": {"gdn.cpu_spec_decode": {"calls": c, "native": 0, "delegated": 0}}}
+            for r, c in enumerate(calls)]
+
+
+def test_verify_row_fails_when_the_applied_route_never_ran():
+    """A group reported applied is patched, not called: a speculative row needs routed calls on every
+    rank; a route-off control (the group skipped/disabled) needs none."""
+    run = EngineRun(mode="mtp", k=2, num_draft_tokens=10, num_accepted_tokens=4,
+                    patches={"gdn.cpu_spec_decode": "applied"}, routes=_routes([5]))
+    assert runner.judge(run, _Audit(), floor=0.0, margin=0.02) == (True, "")
+    run.routes = _routes([5, 0])  # TP=2: rank 1 never took the route
+    ok, note = runner.judge(run, _Audit(), floor=0.0, margin=0.02)
+    assert not ok and "routed no call" in note and "[5, 0]" in note
+    run.routes, run.routes_error = [], "RuntimeError: no collective_rpc"
+    ok, note = runner.judge(run, _Audit(), floor=0.0, margin=0.02)
+    assert not ok and "no collective_rpc" in note
+    off = EngineRun(mode="mtp", k=2, num_draft_tokens=10, num_accepted_tokens=4,
+                    patches={"gdn.cpu_spec_decode": "skipped"}, routes=_routes([3]))
+    ok, note = runner.judge(off, _Audit(), floor=0.0, margin=0.02)
+    assert not ok and "skipped but routed [3] calls" in note
+    off.routes = _routes([0])
+    assert runner.judge(off, _Audit(), floor=0.0, margin=0.02)[0]

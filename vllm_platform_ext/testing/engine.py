@@ -139,6 +139,8 @@ class EngineRun:
     compositions: dict = field(default_factory=dict)  # composition name -> one token list per prompt
     prefix_caching: bool = False
     prefix_cache_hits: int = 0  # tokens served from the prefix cache (vllm:prefix_cache_hits)
+    routes: list = field(default_factory=list)  # ranks.route_state() of each worker after the run
+    routes_error: str = ""  # ranks.route_states(): why they could not be read
 
     @property
     def label(self) -> str:
@@ -388,10 +390,11 @@ def run_engine(model: str, prompts: list[list[int]], cfg: EngineConfig,
         sp = SamplingParams(max_tokens=settings.max_tokens, temperature=0.0, ignore_eos=True,
                             detokenize=False)
         outs, gen_s, spec = timed_generate(llm, prompts, sp, settings.warmup_runs)
+        from vllm_platform_ext.testing.ranks import rank_state, route_states
+
+        routes, routes_error = route_states(llm)
         ranks = []
         if cfg.tp > 1:  # each worker's own bootstrap, patches and per-rank shapes, after the run
-            from vllm_platform_ext.testing.ranks import rank_state
-
             ranks = sorted(llm.collective_rpc(rank_state), key=lambda r: r.get("rank", -1))
         comps = generate_compositions(llm, prompts, sp, settings.compositions)
         if then is not None:
@@ -403,7 +406,8 @@ def run_engine(model: str, prompts: list[list[int]], cfg: EngineConfig,
                     num_generated=sum(len(t) for t in tokens), patches=plugin_patch_status(),
                     ssm_cache_dtype=cfg.ssm_cache_dtype, engine_path=path,
                     kv_cache_dtype=cfg.kv_cache_dtype, graphs=cfg.graphs, tp=cfg.tp, ranks=ranks,
-                    compositions=comps, prefix_caching=cfg.prefix_caching, **spec)
+                    compositions=comps, prefix_caching=cfg.prefix_caching, routes=routes, routes_error=routes_error,
+                    **spec)
     for i, t in enumerate(tokens):
         if len(t) != settings.max_tokens:
             raise RuntimeError(f"{run.label}: prompt {i} got {len(t)} tokens, expected {settings.max_tokens}")

@@ -147,6 +147,49 @@ def rank_state(worker=None) -> dict:
     return out
 
 
+def route_state(worker=None) -> dict:
+    """Run in each worker by ``LLM.collective_rpc``: this rank's route counters
+    (``vllm_platform_ext.patch.routes``: calls each routing patch sent to the plugin's op or left to vLLM)."""
+    from vllm_platform_ext.patch import routes
+
+    try:
+        from vllm.distributed import parallel_state as ps
+
+        rank = ps.get_tensor_model_parallel_rank()
+    except Exception:
+        rank = 0
+    return {"rank": rank, "pid": os.getpid(), "routes": routes.snapshot()}
+
+
+def route_states(llm) -> tuple[list, str]:
+    """Every worker's :func:`route_state` (the proof that a patched route ran), sorted by rank; or
+    ``([], why)`` where ``LLM.collective_rpc`` cannot reach them."""
+    try:
+        return sorted(llm.collective_rpc(route_state), key=lambda r: r.get("rank", -1)), ""
+    except Exception as exc:
+        return [], f"{type(exc).__name__}: {exc}"
+
+
+def routed(route_ranks: list[dict], group: str, keys: tuple[str, ...]) -> list[int]:
+    """Per rank: the calls of ``group`` counted under ``keys`` (0 where the rank has no counter)."""
+    return [sum(r.get("routes", {}).get(group, {}).get(k, 0) for k in keys) for r in route_ranks]
+
+
+def route_problem(run, group: str, keys: tuple[str, ...]) -> str | None:
+    """What is wrong with ``run``'s counters of ``group``: where the group was applied every rank must
+    have routed a call (``keys``), where it was not (disabled, a route-off control) none may have;
+    ``None`` when they agree, or when the group is unknown to the run (not in its patch report)."""
+    status = (run.patches or {}).get(group)
+    counts = routed(run.routes, group, keys)
+    if status != "applied":
+        return f"{group} {status} but routed {counts} calls" if counts and max(counts) > 0 else None
+    if run.routes_error or not counts:
+        return f"{group} applied, but no worker's route counters could be read ({run.routes_error or 'none reported'})"
+    if min(counts) == 0:
+        return f"{group} applied but routed no call ({'/'.join(keys)} per rank: {counts})"
+    return None
+
+
 def rank_lines(ranks: list[dict]) -> list[str]:
     """Human lines for a run's ranks: one line when every rank reports the same (beyond its
     rank and pid), else one line per rank."""

@@ -32,7 +32,10 @@ import torch
 from vllm_platform_ext.ops.turboquant.routing import spec_verify_rows, uniform_verify_width, workspace_rows
 from vllm_platform_ext import envs, patching
 from vllm_platform_ext.patching import Patch, PatchGroup
+from vllm_platform_ext.patch import routes
 from vllm_platform_ext.patch.turboquant import cache_view
+
+NAME = "turboquant_spec_verify"
 
 MOD = "vllm.v1.attention.backends.turboquant_attn"
 OP = "turboquant.verify_attention"
@@ -102,6 +105,10 @@ def _route_ok(impl: Any, attn_metadata: Any) -> int:
 
 
 _MISMATCH_REPORTED: set[str] = set()
+# Forward calls in this process (patch/routes.py): routed to the op as K+1 verify batches ("k1"), as
+# one row per token ("rows"), as single-token decode ("decode"); tagged but left to vLLM because a
+# tensor broke the op's contract ("declined"); never tagged ("vllm": prefill / mixed batches).
+STATS = routes.counter(NAME, ("k1", "rows", "decode", "declined", "vllm"))
 
 
 def _op_cache_view(impl: Any, kv_cache: torch.Tensor) -> torch.Tensor | None:
@@ -251,7 +258,12 @@ def _forward_factory(orig):
         if k1:
             out = verify_forward(self, layer, query, kv_cache, attn_metadata, output, k1)
             if out is not None:
+                STATS["k1" if k1 >= 2 else "rows" if getattr(attn_metadata, "verify_rows", None) is not None
+                      else "decode"] += 1
                 return out
+            STATS["declined"] += 1  # tagged, but the tensors vLLM handed over are not the op's contract
+        else:
+            STATS["vllm"] += 1  # prefill or mixed batches: vLLM's path by design
         return orig(self, layer, query, key, value, kv_cache, attn_metadata, output, output_scale,
                     output_block_scale)
 
@@ -321,7 +333,6 @@ def _skip_if() -> str | None:
     return None
 
 
-NAME = "turboquant_spec_verify"
 SELECTOR = "vllm.v1.attention.selector:resolve_obj_by_qualname"
 _FACTORIES = (("builder", "build", _build_factory), ("builder", "get_cudagraph_support", _cg_support_factory),
               ("impl", "__init__", _init_factory), ("impl", "forward", _forward_factory))

@@ -1,0 +1,34 @@
+"""How often each patched vLLM function sent a call to the plugin's op, and how often it left the
+call to vLLM, in this process: the proof that a route ran (a patch group reported *applied* is
+patched, not necessarily called).
+
+Each patch group that routes keeps one :func:`counter` under its group name; the engine harness
+reads :func:`snapshot` in every worker (``testing.ranks.route_state``) and the audits require routed
+calls where the plugin is on and none where the route is off. Calls replayed inside a captured CUDA
+graph do not run Python and are not counted: a FULL-graph engine counts its capture and eager calls.
+Imports nothing of vLLM.
+"""
+from __future__ import annotations
+
+from collections import Counter
+
+_COUNTERS: dict[str, Counter] = {}
+
+
+def counter(group: str, keys: tuple[str, ...]) -> Counter:
+    """The counter of ``group`` (made once, every key present at 0, so a snapshot shows the zeros)."""
+    c = _COUNTERS.get(group)
+    if c is None:
+        c = _COUNTERS[group] = Counter({k: 0 for k in keys})
+    return c
+
+
+def snapshot() -> dict[str, dict[str, int]]:
+    """``{group: {key: count}}`` of this process."""
+    return {g: dict(c) for g, c in sorted(_COUNTERS.items())}
+
+
+def reset() -> None:
+    for c in _COUNTERS.values():
+        for k in c:
+            c[k] = 0
