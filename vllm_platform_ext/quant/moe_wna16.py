@@ -150,7 +150,7 @@ def register() -> str:
     ``moe.disable_inplace_default`` group where the vLLM line dropped the field it reads."""
     from vllm.model_executor.layers.quantization import register_quantization_config
 
-    from vllm_platform_ext.quant import NotRegistered
+    from vllm_platform_ext.quant.errors import NotRegistered
 
     vendor = vendor_config()
     if vendor is not None:
