@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 from bench_common import write_result
 
 if TYPE_CHECKING:
-    from e2e_spec_decode import Setup
+    from e2e_setups import Setup
 
 TOKENS_PER_VERIFY_STEP = (1.0, 2.0, 2.5, 3.0, 4.0)
 

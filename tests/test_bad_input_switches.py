@@ -79,6 +79,19 @@ def test_good_switches_pass(env):
     assert envs.problems(env, GROUPS) == []
 
 
+def test_user_switches_and_dev_switches_are_two_tables_both_known():
+    """``SWITCHES`` is what a user sets; ``DEV_SWITCHES`` what the benchmarks (config R's route) and
+    the testing kit's sitecustomize set. Both are read, checked and made known to vLLM's env validation."""
+    from vllm_platform_ext.patch.vllm_env import with_own_switches
+
+    assert list(envs.SWITCHES) == [P, envs.MXSML_LIB, S, D, envs.GDN_VALIDATE]
+    assert list(envs.DEV_SWITCHES) == [envs.TQ_VERIFY_ROUTE, envs.FORCED_CPU_PATH]
+    assert envs.KNOWN == {**envs.SWITCHES, **envs.DEV_SWITCHES}
+    assert set(with_own_switches({})) == set(envs.KNOWN)
+    [typo] = envs.problems({"VLLM_PLATFORM_EXT_TQ_VERIFY_ROUTES": "kernel"}, GROUPS)
+    assert f"did you mean {envs.TQ_VERIFY_ROUTE}" in typo and all(n in typo for n in envs.KNOWN)
+
+
 def test_every_group_name_is_accepted():
     assert {"gdn.cpu_spec_decode", "turboquant_spec_verify", "vllm_env.own_switches"} <= set(GROUPS)
     assert envs.disable_problems(",".join(GROUPS), GROUPS) == []
@@ -163,7 +176,7 @@ print('JSON' + json.dumps({**out, 'restored': restored}))
 def test_vllm_env_validation_accepts_own_switches(python, tmp_path):
     """With fail_on_environ_validation=True vLLM (CPU platform here) starts with the plugin's
     switches set; without the vllm_env.own_switches group it refuses them."""
-    env = _clean_env(**{S: "0", D: "turboquant_spec_verify", envs.GDN_VALIDATE: "1",
+    env = _clean_env(**{S: "0", D: "turboquant_spec_verify", envs.GDN_VALIDATE: "1", envs.TQ_VERIFY_ROUTE: "kernel",
                         "TINY_DIR": str(tmp_path / "tiny")})
     proc = python(VALIDATE_ENV, env=env)
     assert proc.returncode == 0, proc.stderr[-4000:]

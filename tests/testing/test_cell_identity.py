@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import asdict
 
-from vllm_platform_ext.testing import cells
+from vllm_platform_ext.testing import cell_judge, cells
 from vllm_platform_ext.testing.audit import AuditResult
 from vllm_platform_ext.testing.engine import EngineRun
 from vllm_platform_ext.testing.identity import compare, first_difference, summary
@@ -67,13 +67,13 @@ def test_audit_cells_reports_identity_against_the_same_presets_plain_run():
     def reference(path, prompts, generated, max_tokens, python=None):
         return AuditResult(zeros), audits
 
-    orig = cells.reference_audits
-    cells.reference_audits = reference
+    orig = cell_judge.reference_audits
+    cell_judge.reference_audits = reference
     try:
-        res = {r.id: r for r in cells.audit_cells(list(runs), {"qwen3_next": "/x"}, {}, runs, {}, [[1]] * P, 32,
-                                                  log=lambda *_: None)}
+        res = {r.id: r for r in cell_judge.audit_cells(list(runs), {"qwen3_next": "/x"}, {}, runs, {}, [[1]] * P, 32,
+                                                       log=lambda *_: None)}
     finally:
-        cells.reference_audits = orig
+        cell_judge.reference_audits = orig
     want = [{"pos": pos, "gap": g, "spec_regret": g, "plain_regret": 0.0} if pos is not None else None
             for pos, g in ((26, 0.02), (11, 0.03), (9, 0.04), (5, 0.05), (None, 0), (None, 0), (31, 0.08))]
     assert res[mtp.id].identity == want
@@ -98,10 +98,10 @@ def test_a_batch_floor_family_is_compared_with_its_spread_run():
     runs = {mtp: EngineRun(mode="mtp", k=2, tokens=spec)}
     spread = {plain: EngineRun(mode="base", k=0, tokens=base, compositions={"alone": base, "pairs": spec})}
     audits = {mtp.id: AuditResult([[0, 0, 0.2, 0], [0] * 4]), f"spread|{plain.id}|batch": AuditResult([[0] * 4] * 2)}
-    ident, floor = cells._identity(mtp, runs, spread, audits)
+    ident, floor = cell_judge._identity(mtp, runs, spread, audits)
     assert ident == [{"pos": 2, "gap": 0.2, "spec_regret": 0.2, "plain_regret": 0.0}, None]
     assert floor == {"alone": [None, None], "pairs": [{"pos": 2}, None]}  # the spread run against itself
-    assert cells._identity(mtp, runs, {}, audits) == ([], {})
+    assert cell_judge._identity(mtp, runs, {}, audits) == ([], {})
 
 
 def test_identity_floor_is_plain_decoding_against_itself_in_other_batches():
@@ -136,7 +136,7 @@ def test_plain_sibling_of_a_speculative_cell_runs_the_batch_compositions(monkeyp
 
     monkeypatch.setattr(cells, "make_tiny_model", lambda kind, out, dims: out)
     monkeypatch.setattr(cells, "run_in_subprocess", engine)
-    monkeypatch.setattr(cells, "reference_audits",
+    monkeypatch.setattr(cell_judge, "reference_audits",
                         lambda path, prompts, gen, mt, python=None: (AuditResult([[0.0] * 3]),
                                                                       {k: AuditResult([[0.0] * 3]) for k in gen}))
     todo = [cells.Cell("qwen3_next", "base", 0, "turboquant_k8v4"), cells.Cell("qwen3_next", "mtp", 3, "turboquant_k8v4"),

@@ -9,7 +9,7 @@ import pytest
 
 from vllm_platform_ext.testing import cell_replay
 from vllm_platform_ext.testing.audit import Reference
-from vllm_platform_ext.testing.cells import Cell
+from vllm_platform_ext.testing.cell_suites import Cell
 from vllm_platform_ext.testing.engine import EngineRun
 from vllm_platform_ext.testing.tiny_models import make_tiny_model
 

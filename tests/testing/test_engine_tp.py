@@ -137,7 +137,7 @@ def test_engine_run_round_trips_ranks():
 def test_tp2_gpu_suite_names_the_cells_the_issue_asks_for():
     """Issue 34's GPU cells: TP=2, MTP k=3 on KV auto and k8v4, FULL graphs, Qwen3-Next and
     Qwen3.5 MoE, plugin on and off."""
-    from vllm_platform_ext.testing.cells import SUITES
+    from vllm_platform_ext.testing.cell_suites import SUITES
 
     tp2 = SUITES["tp2"]
     assert len({c.id for c in tp2}) == len(tp2) == 8

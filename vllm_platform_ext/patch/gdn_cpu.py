@@ -313,6 +313,7 @@ GROUPS = [
         "steps (every row num_spec+1 tokens) take the plugin's float32 conv and vLLM's native "
         "recurrence kernel (vLLM's loop convolves them in bfloat16)",
         build=lambda: [Patch(TARGET, lambda _original: spec_aware_core)],
+        targets=(TARGET,),
         skip_if=_skip_if,
         upstream="not reported upstream; the same code is in vLLM 0.32.0 and 0.33.0 "
                  "(model_executor/layers/mamba/ops/cpu/gdn_attention.py)",

@@ -298,6 +298,8 @@ def groups() -> list[PatchGroup]:
             why="zero-draft decode rows read the accepted SSM slot / conv offset (spec path), vllm#39273",
             build=_patches,
             skip_if=skip_reason,
+            targets=(BUILD_TARGET, RUNNER_TARGET, *(f"{m}:{c}._forward_core" for m, c in LAYER_LOCATIONS),
+                     *(f"{m}:fused_sigmoid_gating_delta_rule_update" for m, _ in LAYER_LOCATIONS)),
             upstream="vllm#39273 / PR #40738 (seeds/000); vLLM 0.32 runs such rows on the spec path itself "
                      "(runner zero_draft_decode_mask, builder '>= 0' spec mask); the layer's spec-token gates: "
                      "PR #51812",

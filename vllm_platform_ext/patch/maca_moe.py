@@ -48,6 +48,7 @@ GROUPS: list[PatchGroup] = [
             "(first MoE forward: 'UnquantizedFusedMoEMethod' object has no attribute 'is_monolithic'): "
             "use vLLM's Triton experts, as on CUDA",
         build=lambda: [Patch(TARGET, _select_factory)],
+        targets=(TARGET,),
         skip_if=_skip_if,
         upstream="by design upstream: an OOT platform registers its own MoE op (vLLM-metax does)",
         retire="when MacaPlatform registers a MACA MoE op of its own, or vLLM lets an OOT platform pick "

@@ -253,6 +253,7 @@ GROUPS = [
             "'function' object is not subscriptable kills the engine; torch host-memory versions added",
         build=_build,
         skip_if=not_needed_reason,
+        targets=tuple(f"{MODULE}:{name}" for name in KERNELS),
         upstream="not reported upstream; vLLM 0.32.0 and 0.33.0 CpuPlatform.register_triton_kernel_overrides "
                  "(vllm/platforms/cpu.py) lists batch_memcpy_kernel but neither precopy_mamba_align_fused_kernel "
                  "nor postprocess_mamba_fused_kernel",

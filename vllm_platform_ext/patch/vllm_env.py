@@ -26,9 +26,9 @@ def _getter(name: str):
 
 
 def with_own_switches(original: dict) -> dict:
-    from vllm_platform_ext.envs import SWITCHES
+    from vllm_platform_ext.envs import KNOWN  # the user switches and the dev ones (envs.SWITCHES, envs.DEV_SWITCHES)
 
-    return {**original, **{name: _getter(name) for name in SWITCHES if name not in original}}
+    return {**original, **{name: _getter(name) for name in KNOWN if name not in original}}
 
 
 def validators() -> list[str]:
@@ -48,12 +48,12 @@ def validators() -> list[str]:
 
 def _skip_if() -> str | None:
     from vllm import envs
-    from vllm_platform_ext.envs import SWITCHES
+    from vllm_platform_ext.envs import KNOWN
 
     if not validators():
         return "not needed: this vLLM does not validate VLLM_* variables"
 
-    if all(name in getattr(envs, "environment_variables", {}) for name in SWITCHES):
+    if all(name in getattr(envs, "environment_variables", {}) for name in KNOWN):
         return "not needed: vllm.envs already knows every VLLM_PLATFORM_EXT_* switch"
     return None
 
@@ -66,6 +66,7 @@ GROUPS = [
             "to start with fail_on_environ_validation=True); adds the plugin's switches to "
             "vllm.envs.environment_variables",
         build=lambda: [Patch(TARGET, with_own_switches)],
+        targets=(TARGET,),
         skip_if=_skip_if,
         upstream="no upstream hook for general plugins to declare environment variables (vLLM 0.32/0.33: "
                  "Platform.additional_env_vars is for the active platform only; 0.22-0.26 have none)",

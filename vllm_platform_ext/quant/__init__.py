@@ -9,13 +9,10 @@
 from __future__ import annotations
 
 from vllm_platform_ext.patching import PatchGroup, strict_mode
+from vllm_platform_ext.quant.errors import NotRegistered
 from vllm_platform_ext.report import Report
 
 STEP = "quant"
-
-
-class NotRegistered(Exception):
-    """A config this plugin chose not to register (the reason is the message)."""
 
 
 def register(report: Report | None = None) -> None:

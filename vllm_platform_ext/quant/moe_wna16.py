@@ -150,7 +150,7 @@ def register() -> str:
     ``moe.disable_inplace_default`` group where the vLLM line dropped the field it reads."""
     from vllm.model_executor.layers.quantization import register_quantization_config
 
-    from vllm_platform_ext.quant import NotRegistered
+    from vllm_platform_ext.quant.errors import NotRegistered
 
     vendor = vendor_config()
     if vendor is not None:
@@ -211,6 +211,7 @@ GROUPS = [
             "for an absent field; retired where the field exists or vLLM-metax stops reading it (v0.25, #326)",
         build=lambda: [Patch(f"{FUSED_MOE_CONFIG}.disable_inplace", lambda _: False, add_missing=True)],
         skip_if=_disable_inplace_skip,
+        targets=(f"{FUSED_MOE_CONFIG}.disable_inplace",),
         upstream="vLLM-metax PR #294 (unmerged); vLLM dropped the field in 0.23",
         retire="probe: FusedMoEConfig has disable_inplace, or an installed vLLM-metax's moe_wna16 no longer "
                "reads it (its v0.25 line on, #326) -> skipped as not needed",

@@ -4,7 +4,7 @@ Every cell run (``cells.run_cells`` with a log folder) keeps ``engine-logs/runs.
 each engine's generated ids and counters, and a digest of each kit checkpoint's tensors. The kit
 models are deterministic (seeded), so this module writes them again here, refuses to go on if a
 tensor differs from the GPU run's checkpoint, and runs the same float32 audit and judgement
-(:func:`cells.audit_cells`). Made after the 2026-11-28 window, where vLLM 0.26's engines all ran
+(:func:`cell_judge.audit_cells`). Made after the 2026-11-28 window, where vLLM 0.26's engines all ran
 but the reference audit on the GPU machine's CPU outlasted the session's device time::
 
     python -m vllm_platform_ext.testing.cell_replay DIR/engine-logs/runs.json --out DIR2
@@ -19,6 +19,12 @@ import tempfile
 import threading
 from dataclasses import asdict, fields
 from pathlib import Path
+
+from vllm_platform_ext.testing.cell_judge import audit_cells
+from vllm_platform_ext.testing.cell_suites import Cell
+from vllm_platform_ext.testing.cells_report import report
+from vllm_platform_ext.testing.engine import EngineRun
+from vllm_platform_ext.testing.tiny_models import make_tiny_model
 
 FORMAT = 1
 
@@ -81,9 +87,6 @@ class RunsFile:
 
 def load_runs(path: Path) -> tuple[dict, dict, dict]:
     """(data, runs, spread_runs) of a ``runs.json``."""
-    from vllm_platform_ext.testing.cells import Cell
-    from vllm_platform_ext.testing.engine import EngineRun
-
     data = json.loads(Path(path).read_text())
     if data.get("format") != FORMAT:
         raise ValueError(f"{path}: runs.json format {data.get('format')!r}, this reads {FORMAT}")
@@ -98,9 +101,6 @@ def load_runs(path: Path) -> tuple[dict, dict, dict]:
 def replay(path: Path, work: Path, reference_python: str | None = None, log=print) -> list:
     """The cells of ``runs.json`` audited and judged here; raises ``ValueError`` naming the kit model
     whose checkpoint, written again here, differs from the one the engines ran."""
-    from vllm_platform_ext.testing import cells as C
-    from vllm_platform_ext.testing.tiny_models import make_tiny_model
-
     data, runs, spread_runs = load_runs(path)
     models = {}
     for kind, digest in sorted(data["checkpoints"].items()):
@@ -114,13 +114,11 @@ def replay(path: Path, work: Path, reference_python: str | None = None, log=prin
     if data.get("pending"):  # a floor only loses inputs: a missing engine can make a verdict stricter, never looser
         log(f"[replay] a partial run: {data['pending']} engine(s) had not finished; a cell whose floor needed one "
             "is judged against the floor of the engines that did")
-    return C.audit_cells(list(runs), models, {}, runs, spread_runs, data["prompts"], data["max_tokens"],
-                         log=log, reference_python=reference_python)
+    return audit_cells(list(runs), models, {}, runs, spread_runs, data["prompts"], data["max_tokens"],
+                       log=log, reference_python=reference_python)
 
 
 def main(argv=None) -> int:
-    from vllm_platform_ext.testing.cells import report
-
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("runs", type=Path, help="engine-logs/runs.json of a cell run")
     ap.add_argument("--out", type=Path, required=True, help="results.json / results.md of the audit made here")

@@ -1,4 +1,5 @@
-"""The cells' results as Markdown and JSON files (``results.md`` / ``results.json``)."""
+"""The cells' results as Markdown and JSON files (``results.md`` / ``results.json``), and the
+summary line and exit status of a run or a replay (:func:`report`)."""
 from __future__ import annotations
 
 import json
@@ -60,3 +61,13 @@ def write_results(results: list, out_dir: Path) -> tuple[Path, Path]:
     jp.write_text(json.dumps([asdict(r) for r in results], indent=1) + "\n")
     mp.write_text(markdown(results))
     return jp, mp
+
+
+def report(results: list, out: Path, what: str) -> int:
+    """Write results.json / results.md into ``out``, print the table and a summary line; the exit
+    status: 1 when a cell fails (plugin, harness or kit)."""
+    jp, mp = write_results(results, out)
+    print(mp.read_text())
+    bad = [r.id for r in results if r.status in ("fail", "harness-error", "kit-error")]
+    print(f"{what.format(n=len(results))}, {len(bad)} failing (plugin, harness or kit){': ' + ', '.join(bad) if bad else ''}")
+    return 1 if bad else 0

@@ -130,6 +130,7 @@ GROUPS: list[PatchGroup] = [
             "start-up with 'Unknown TurboQuant cache dtype: auto'",
         build=_build,
         skip_if=needed,
+        targets=(RESHAPE, f"{MOD}:TurboQuantAttentionBackend.get_kv_cache_shape"),
         upstream="vLLM 0.26 gpu_model_runner._reshape_kv_cache_tensors; Model Runner V2 spares "
                  "TQFullAttentionSpec (attn_utils.py), V1 does not",
         retire="probe: the runner's _reshape_kv_cache_tensors spares TQFullAttentionSpec (or is gone) "

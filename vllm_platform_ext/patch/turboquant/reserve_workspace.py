@@ -120,6 +120,7 @@ GROUPS: list[PatchGroup] = [
             "'Workspace is locked' mid-generation on vLLM 0.22/0.23 (fixed upstream in 0.24)",
         build=_build,
         skip_if=_skip_if,
+        targets=(f"{MOD}:TurboQuantMetadataBuilder.__init__",),
         upstream="fixed in vLLM 0.24 (TurboQuantMetadataBuilder._reserve_workspace); 0.22/0.23 and "
                  "vLLM-metax's copies of their backend lack it",
         retire="probe: the builder has _reserve_workspace -> skipped as not needed",

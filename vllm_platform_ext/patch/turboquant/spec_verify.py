@@ -419,6 +419,8 @@ GROUPS: list[PatchGroup] = [
             "made the drafter's passes the cost at batch 32, 32K)",
         build=_build,
         skip_if=_skip_if,
+        targets=(f"{MOD}:TurboQuantMetadataBuilder.build", f"{MOD}:TurboQuantMetadataBuilder.get_cudagraph_support",
+                 f"{MOD}:TurboQuantAttentionImpl.__init__", f"{MOD}:TurboQuantAttentionImpl.forward", SELECTOR),
         upstream="vLLM #40880 / #53180, open through vLLM 0.33; the B*(K+1) routing of PR #40914 "
                  "is not merged",
         retire="no upstream form yet: retire once vLLM's TurboQuant builder serves uniform K+1 verify "

