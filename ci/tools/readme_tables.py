@@ -135,6 +135,16 @@ def _counts(d: dict) -> str:
     return ", ".join(f"{n} {k}" for k, n in sorted(d.items())) or "—"
 
 
+# the lent machine a GPU sat in ("card 1 of an `nvidia-h200-x4` machine (64 CPUs), CPUs 16-31"): the result
+# file's header keeps it; the table names the GPU only
+_MACHINE = re.compile(r"\s*\((?:cards? [\d and]+) of an `?nvidia-h200[\w-]*`? machine[^)]*\)"
+                      r"|,? (?:card \d+ )?of an `?nvidia-h200[\w-]*`? machine \(\d+ CPUs\), CPUs (?:all \d+|\d+-\d+)")
+
+
+def gpu_device(device: str) -> str:
+    return _MACHINE.sub("", device)
+
+
 def gpu_table(results_dir: pathlib.Path = GPU_RESULTS) -> str:
     files = sorted(results_dir.rglob("*.md"), key=lambda p: p.name) if results_dir.is_dir() else []
     # engine matrices only (testing/cells.py's "Measured ... on ..." table); other records there (window times) are not rows
@@ -145,7 +155,7 @@ def gpu_table(results_dir: pathlib.Path = GPU_RESULTS) -> str:
     lines = ["| vLLM | device | date | cells with the plugin | upstream, plugin off | result file |",
              "|---|---|---|---|---|---|"]
     for s in map(gpu_summary, files):
-        lines.append(f"| {s['vllm']} | {s['device']} | {s['date']} | {_counts(s['on'])} | {_counts(s['off'])} | "
+        lines.append(f"| {s['vllm']} | {gpu_device(s['device'])} | {s['date']} | {_counts(s['on'])} | {_counts(s['off'])} | "
                      f"[{pathlib.PurePath(s['file']).name}](../{s['file']}) |")
     return "\n".join(lines)
 
