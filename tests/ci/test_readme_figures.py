@@ -176,3 +176,14 @@ def test_readme_is_short_and_for_users():
     for text, name in ((_readme(), "README.md"), (_results_doc(), "docs/results.md")):
         text = re.sub(r"\]\([^)]*\)", "]", text)  # link targets name result files as they were written
         assert "nvidia-h200" not in text and "window" not in text.lower(), name
+
+
+def test_diary_sections_moved_from_the_docs_keep_their_figures_backed():
+    """docs/gpu_harness.md's dated measurements and session plans moved to results/gpu/DIARY.md: they state
+    figures as they did in docs/, so the docs' rule holds for them there (the diary itself backs nothing)."""
+    text = (REPO_PATH / "results/gpu/DIARY.md").read_text(encoding="utf-8")
+    begin, end = "<!-- moved-from-gpu-harness:begin -->", "<!-- moved-from-gpu-harness:end -->"
+    moved = text.split(begin, 1)[1].split(end, 1)[0]
+    assert "## Measured on the GPU machine (2026-11-25" in moved
+    missing = rt.unbacked(moved, rt.result_texts())
+    assert not missing, f"results/gpu/DIARY.md (from docs/gpu_harness.md): figures no result file contains: {missing}"
