@@ -309,7 +309,7 @@ def main(argv=None) -> int:
     ap.add_argument("--cpus", default=None, help="the two engines' CPU sets, A:B (0-6:7-13); swapped halfway")
     ap.add_argument("--timeout", type=float, default=900, help="seconds for both engines to start")
     ap.add_argument("--block-timeout", type=float, default=300, help="seconds for one timed generate")
-    ap.add_argument("--out", default="e2e-paired")
+    ap.add_argument("--out", default="results/gpu/new-e2e-paired")
     a = ap.parse_args(argv)
     if a.serve:
         return serve(*a.serve)

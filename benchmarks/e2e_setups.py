@@ -30,7 +30,7 @@ def setups(names: list[str], graphs: str) -> list[list[Setup]]:
               for mode_g in dict.fromkeys((g, "piecewise", "eager"))]
              + [Setup("D", "base", 0, "turboquant_k8v4", g, plugin=False)],  # none starts: no speculation
         # D where upstream's TurboQuant + MTP is known not to start (0.24+: 'Unknown TurboQuant cache
-        # dtype', ci/gpu/results/2026-11-28-0.26.0-core-tq-audited.md): straight to no speculation
+        # dtype', results/gpu/2026-11-28-0.26.0-audited-core-serve-e2e/2026-11-28-0.26.0-core-tq-audited.md): straight to no speculation
         "D0": [Setup("D", "base", 0, "turboquant_k8v4", g, plugin=False)],
         # C with vLLM PR #40914's routing of the verify (its decode kernel on B x (K+1) synthetic rows)
         "R": [Setup("R", "mtp", 3, "turboquant_k8v4", g, env=(("VLLM_PLATFORM_EXT_TQ_VERIFY_ROUTE", "upstream_rows"),))],

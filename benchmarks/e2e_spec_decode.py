@@ -193,7 +193,7 @@ def main(argv=None) -> int:
     ap.add_argument("--profile", action="store_true",
                     help="also write a torch.profiler trace + op table of one verify (or plain) step per run "
                          "(the profiler stays initialised afterwards: take timings from a run without it)")
-    ap.add_argument("--out", default="e2e-results")
+    ap.add_argument("--out", default="results/gpu/new-e2e")
     ap.add_argument("--timeout", type=float, default=3600,
                     help="seconds per engine; past it its process group is killed and the row is an error")
     ap.add_argument("--replot", metavar="E2E_JSON", help="re-render e2e.md / e2e.png of a finished run into --out")

@@ -1,6 +1,6 @@
 """Host time of one call into the TurboQuant route, beside its GPU time (CUDA graph replay).
 
-Window 7's profile of C at batch 1 (``ci/gpu/results/2026-11-28-w7-0.26.0-e2e-profile.md``) had the
+Window 7's profile of C at batch 1 (``results/gpu/2026-11-28-40-layer-c-vs-d-token-split/2026-11-28-w7-0.26.0-e2e-profile.md``) had the
 drafter's eager attention calls take more host time with the decode route than vLLM's decode path.
 At batch 1 a step is host work, so the route's Python (the wiring's checks, the op's launch plan,
 two Triton/Gluon launches) is what C pays there. This measures it apart from vLLM: the op
@@ -141,7 +141,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--preset", default="turboquant_k8v4")
     ap.add_argument("--context", type=int, default=4096)
-    ap.add_argument("--out", default="host-route-results")
+    ap.add_argument("--out", default="results/gpu/new-host-route")
     a = ap.parse_args(argv)
     if not torch.cuda.is_available():
         print("host_turboquant_route: needs a CUDA device", file=sys.stderr)

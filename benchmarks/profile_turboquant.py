@@ -2,8 +2,8 @@
 
     python benchmarks/profile_turboquant.py sweep [--out DIR]     launch-config sweep, both cache layouts
     python benchmarks/profile_turboquant.py grid SPEC.json        configs x cases (see grid_mode;
-                                                                  the shape rules' grid: runs/2026-11-22-turboquant-tuning/turboquant_grid_rules.json,
-                                                                  the Gluon kernel's: runs/2026-11-22-turboquant-tuning/turboquant_grid_gluon.json)
+                                                                  the shape rules' grid: results/bench/2026-11-22-turboquant-tuning/turboquant_grid_rules.json,
+                                                                  the Gluon kernel's: results/bench/2026-11-22-turboquant-tuning/turboquant_grid_gluon.json)
     python benchmarks/profile_turboquant.py case PRESET B K [CFG_JSON] [--layout vllm|head]
                                                                   one case, a few launches (for ncu)
 

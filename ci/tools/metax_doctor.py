@@ -4,7 +4,7 @@ from ``../shared/vllm-metax/<branch>/``, its compiled MetaX parts stubbed, a fak
 plugins found through entry points, vLLM-metax's first. What docs/metax.md shows as a healthy
 doctor was recorded with:
 
-    python ci/tools/readme_tables.py record -o ci/cpu/results/<date>-doctor-beside-vllm-metax.md -- \
+    python ci/tools/readme_tables.py record -o results/cpu/<date>-doctor-beside-vllm-metax/<date>-doctor-beside-vllm-metax.md -- \
         python ci/tools/metax_doctor.py [BRANCH ...]
 
 Needs what ``ci/setup.sh test`` fetches (the lines' wheels, their Python deps) and gcc.

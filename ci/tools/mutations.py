@@ -8,7 +8,7 @@ same tests (run with ``--baseline``).
 The copy is ``git archive HEAD`` (commit first) with ``.cache`` and ``.venv-old`` linked in, put first
 on ``PYTHONPATH`` so that the test process and every child import the copy's plugin. Prints one
 line per mutation and exits 1 when a mutation survives (its tests pass with the bug in place).
-How a run was recorded: ``ci/cpu/results/<date>-mutations.md`` (``ci/tools/readme_tables.py record``).
+How a run was recorded: ``results/cpu/<date>-mutations/<date>-mutations.md`` (``ci/tools/readme_tables.py record``).
 """
 from __future__ import annotations
 

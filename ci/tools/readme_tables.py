@@ -1,20 +1,20 @@
-"""README figures and the GPU results table, from committed result files.
+"""README / docs figures and the GPU results tables, from committed result files.
 
-Every result the README states must come from a committed file with a run header (date,
-device, versions, commit, command). This tool
+Every result the README and docs/ state must come from a committed file under ``results/`` with a
+run header (date, device, versions, commit, command). This tool
 
 * ``record -o FILE -- CMD ...``: runs ``CMD`` here and writes its output under a run header
-  (how the CPU ``verify``/``doctor`` samples in the README were made: ``ci/cpu/results/``);
+  (how the CPU ``verify``/``doctor`` samples in the README were made: ``results/cpu/``);
 * ``gpu-add RESULTS_MD --command CMD [--commit C]``: files a GPU engine matrix ``results.md``
   (``testing/cells.py``'s output, brought back from the GPU machine) as
-  ``ci/gpu/results/<date>-<vllm line>.md`` with a run header;
-* ``write`` / ``check``: (re)generates the README's GPU results table (between the
-  ``gpu-results`` markers) from ``ci/gpu/results/*.md``, zero or more files, and the `full` matrices'
-  summary (between the ``full-matrix`` markers) from ``ci/gpu/results/*-full-shardNN.json``; ``check``
-  exits 1 when the README is out of date.
+  ``results/gpu/<date>-vllm-<line>-engine-matrix/<date>-vllm-<line>.md`` with a run header;
+* ``write`` / ``check``: (re)generates docs/results.md's GPU results table (between the
+  ``gpu-results`` markers) from ``results/gpu/**/*.md``, zero or more files, and the `full` matrices'
+  summary (between the ``full-matrix`` markers) from ``results/gpu/**/*-full-shardNN.json``; ``check``
+  exits 1 when docs/results.md is out of date.
 
 ``figures()`` / ``unbacked()`` are what tests/ci/test_readme_figures.py uses: the numeric claims of
-the README (numbers with a unit, ratios, decimals) that no committed result file contains.
+the README and docs/ (numbers with a unit, ratios, decimals) that no committed result file contains.
 """
 from __future__ import annotations
 
@@ -30,10 +30,13 @@ import sys
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
-GPU_RESULTS = ROOT / "ci" / "gpu" / "results"
-# where committed measurements live; every README figure must appear in one of these files
-RESULT_GLOBS = ("ci/gpu/results/*.md", "ci/cpu/results/*.md", "benchmarks/RESULTS_*.md",
-                "benchmarks/runs/**/*.md", "benchmarks/runs/**/*.json")
+# where the generated tables live (links in them are relative to docs/)
+RESULTS_DOC = ROOT / "docs" / "results.md"
+GPU_RESULTS = ROOT / "results" / "gpu"
+# where committed measurements live; every README / docs figure must appear in one of these files
+RESULT_GLOBS = ("results/gpu/**/*.md", "results/cpu/**/*.md", "results/bench/**/*.md", "results/bench/**/*.json")
+# under results/ but not measurements: the layout note and the GPU run diary (it retells results, it backs nothing)
+NOT_RESULTS = ("results/README.md", "results/gpu/DIARY.md")
 BEGIN, END = "<!-- gpu-results:begin (ci/tools/readme_tables.py write) -->", "<!-- gpu-results:end -->"
 HEADER_KEYS = ("date", "device", "commit", "command")
 
@@ -132,18 +135,28 @@ def _counts(d: dict) -> str:
     return ", ".join(f"{n} {k}" for k, n in sorted(d.items())) or "—"
 
 
+# the lent machine a GPU sat in ("card 1 of an `nvidia-h200-x4` machine (64 CPUs), CPUs 16-31"): the result
+# file's header keeps it; the table names the GPU only
+_MACHINE = re.compile(r"\s*\((?:cards? [\d and]+) of an `?nvidia-h200[\w-]*`? machine[^)]*\)"
+                      r"|,? (?:card \d+ )?of an `?nvidia-h200[\w-]*`? machine \(\d+ CPUs\), CPUs (?:all \d+|\d+-\d+)")
+
+
+def gpu_device(device: str) -> str:
+    return _MACHINE.sub("", device)
+
+
 def gpu_table(results_dir: pathlib.Path = GPU_RESULTS) -> str:
-    files = sorted(results_dir.glob("*.md")) if results_dir.is_dir() else []
+    files = sorted(results_dir.rglob("*.md"), key=lambda p: p.name) if results_dir.is_dir() else []
     # engine matrices only (testing/cells.py's "Measured ... on ..." table); other records there (window times) are not rows
-    files = [f for f in files if f.name != "README.md" and "\n| model | spec |" in f.read_text()]
+    files = [f for f in files if f.name not in ("README.md", "DIARY.md") and "\n| model | spec |" in f.read_text()]
     if not files:
-        return ("No GPU engine matrix result is committed yet (`ci/gpu/results/` is empty): nothing on "
+        return ("No GPU engine matrix result is committed yet (`results/gpu/` has none): nothing on "
                 "NVIDIA is claimed here beyond the kernel and wiring tests above.")
     lines = ["| vLLM | device | date | cells with the plugin | upstream, plugin off | result file |",
              "|---|---|---|---|---|---|"]
     for s in map(gpu_summary, files):
-        lines.append(f"| {s['vllm']} | {s['device']} | {s['date']} | {_counts(s['on'])} | {_counts(s['off'])} | "
-                     f"[{pathlib.PurePath(s['file']).name}]({s['file']}) |")
+        lines.append(f"| {s['vllm']} | {gpu_device(s['device'])} | {s['date']} | {_counts(s['on'])} | {_counts(s['off'])} | "
+                     f"[{pathlib.PurePath(s['file']).name}](../{s['file']}) |")
     return "\n".join(lines)
 
 
@@ -159,7 +172,7 @@ def full_matrix(results_dir: pathlib.Path = GPU_RESULTS) -> dict:
     import json
 
     out: dict = {}
-    for f in sorted(results_dir.glob("*-full-shard*.json")):
+    for f in sorted(results_dir.rglob("*-full-shard*.json"), key=lambda p: p.name):
         line = _SHARD.search(f.name)
         for r in json.loads(f.read_text()) if line else []:
             c = r["cell"]
@@ -173,7 +186,7 @@ def full_matrix(results_dir: pathlib.Path = GPU_RESULTS) -> dict:
 def full_matrix_table(results_dir: pathlib.Path = GPU_RESULTS) -> str:
     m = full_matrix(results_dir)
     if not m:
-        return "No `full` matrix is committed yet (`ci/gpu/results/*-full-shardNN.json`)."
+        return "No `full` matrix is committed yet (`results/gpu/**/*-full-shardNN.json`)."
     lines = sorted(m)
     specs = list(_SPEC.values())
     rows = sorted({r for v in m.values() for r in v}, key=lambda r: (
@@ -195,14 +208,14 @@ def full_matrix_table(results_dir: pathlib.Path = GPU_RESULTS) -> str:
 
 def render(readme: str, table: str, begin: str = BEGIN, end: str = END) -> str:
     if begin not in readme or end not in readme:
-        raise ValueError(f"README has no generated block: add the lines {begin!r} and {end!r}")
+        raise ValueError(f"docs/results.md has no generated block: add the lines {begin!r} and {end!r}")
     head, rest = readme.split(begin, 1)
     _, tail = rest.split(end, 1)
     return f"{head}{begin}\n{table}\n{end}{tail}"
 
 
 def render_all(readme: str) -> str:
-    """The README with both generated blocks (results files, the `full` matrices) made again."""
+    """docs/results.md with both generated blocks (results files, the `full` matrices) made again."""
     return render(render(readme, gpu_table()), full_matrix_table(), MATRIX_BEGIN, MATRIX_END)
 
 
@@ -244,7 +257,8 @@ def result_texts(root: pathlib.Path = ROOT) -> dict[str, str]:
     out = {}
     for pattern in RESULT_GLOBS:
         for p in sorted(root.glob(pattern)):
-            out[p.relative_to(root).as_posix()] = p.read_text(errors="replace")
+            if p.relative_to(root).as_posix() not in NOT_RESULTS:
+                out[p.relative_to(root).as_posix()] = p.read_text(errors="replace")
     return out
 
 
@@ -304,12 +318,12 @@ def main(argv=None) -> int:
     r.add_argument("-o", "--out", required=True)
     r.add_argument("--title", default="")
     r.add_argument("argv", nargs=argparse.REMAINDER)
-    g = sub.add_parser("gpu-add", help="file a GPU results.md as ci/gpu/results/<date>-<line>.md")
+    g = sub.add_parser("gpu-add", help="file a GPU results.md as results/gpu/<date>-vllm-<line>-engine-matrix/<date>-vllm-<line>.md")
     g.add_argument("results_md")
     g.add_argument("--command", required=True, help="the command that produced it on the GPU machine")
     g.add_argument("--commit", default=None, help="the commit that ran there (default: HEAD)")
-    sub.add_parser("write", help="regenerate the README's GPU results table")
-    sub.add_parser("check", help="exit 1 when the README's GPU results table is out of date")
+    sub.add_parser("write", help="regenerate docs/results.md's GPU results tables")
+    sub.add_parser("check", help="exit 1 when docs/results.md's GPU results tables are out of date")
     a = ap.parse_args(argv)
     if a.cmd == "record":
         cmd = a.argv[1:] if a.argv[:1] == ["--"] else a.argv
@@ -332,20 +346,20 @@ def main(argv=None) -> int:
         versions = dict(v.strip().split(" ", 1) for v in vers.split(", ") if " " in v.strip())
         line = _LINE.search(versions.get("vllm", ""))
         name = f"{date.split(' ')[0]}-vllm-{line.group(1) if line else 'unknown'}.md"
-        GPU_RESULTS.mkdir(parents=True, exist_ok=True)
-        dest = GPU_RESULTS / name
+        dest = GPU_RESULTS / f"{name[:-3]}-engine-matrix" / name
+        dest.parent.mkdir(parents=True, exist_ok=True)
         dest.write_text(f"# GPU engine matrix, vLLM {versions.get('vllm', '?')}\n\n"
                         + header(a.command, a.commit, date, device, versions) + "\n\n" + text)
         print(dest)
         return 0
-    new = render_all(README.read_text())
+    new = render_all(RESULTS_DOC.read_text())
     if a.cmd == "check":
-        if new != README.read_text():
-            print("README's GPU results tables are out of date: run `python ci/tools/readme_tables.py write`",
+        if new != RESULTS_DOC.read_text():
+            print("docs/results.md's GPU results tables are out of date: run `python ci/tools/readme_tables.py write`",
                   file=sys.stderr)
             return 1
         return 0
-    README.write_text(new)
+    RESULTS_DOC.write_text(new)
     return 0
 
 

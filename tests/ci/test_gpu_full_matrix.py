@@ -1,7 +1,7 @@
-"""The committed `full` matrices (ci/gpu/results/*-<line>-full-shardNN.json, as the GPU machine wrote them) are
-what the README states: each line's shards together are the suite's 181 cells, each once, each shard the cells
+"""The committed `full` matrices (results/gpu/<date>-<line>-full-matrix/*-<line>-full-shardNN.json, as the GPU machine wrote them) are
+what docs/results.md states: each line's shards together are the suite's 181 cells, each once, each shard the cells
 `cells.select` gives it; every plugin cell passed the float32 audit; every plugin-off cell is an upstream result
-that agrees with the harness's known outcomes (`cells.unlike_known_upstream`), and the counts the README gives."""
+that agrees with the harness's known outcomes (`cells.unlike_known_upstream`), and the counts docs/results.md gives."""
 import collections
 import json
 import re
@@ -13,14 +13,14 @@ from conftest import REPO
 from vllm_platform_ext.testing import cells
 from vllm_platform_ext.testing.audit import MARGIN, passes
 
-RESULTS = Path(REPO) / "ci/gpu/results"
-# line -> (plugin cells passing, upstream alone: crash, works, wrong), as the README and docs/gpu_harness.md say
+RESULTS = Path(REPO) / "results/gpu"
+# line -> (plugin cells passing, upstream alone: crash, works, wrong), as docs/results.md and docs/gpu_harness.md say
 STATED = {"0.23.0": (93, 32, 35, 21), "0.26.0": (93, 68, 15, 5)}
 
 
 def _shards(line):
     out = {}
-    for f in sorted(RESULTS.glob(f"*-{line}-full-shard*.json")):
+    for f in sorted(RESULTS.rglob(f"*-{line}-full-shard*.json"), key=lambda p: p.name):
         i = int(re.search(r"shard(\d+)\.json$", f.name).group(1))
         assert i not in out, f"shard {i} of {line} twice: {f.name}"
         out[i] = [cells.CellResult(**r) for r in json.loads(f.read_text())]

@@ -371,7 +371,7 @@ def test_expected_upstream(cell, version, want):
     assert cells.expected_upstream(cell, version) == want
 
 
-W11_OFF = Path(REPO) / "ci/gpu/results/2026-11-29-w11-0.23.0-full-shard06.json"
+W11_OFF = Path(REPO) / "results/gpu/2026-11-29-0.23.0-full-matrix/2026-11-29-w11-0.23.0-full-shard06.json"
 
 
 def _w11_off():

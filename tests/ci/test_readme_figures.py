@@ -1,7 +1,8 @@
-"""Every figure the README states comes from a committed result file, and its GPU results table
-is generated from ``ci/gpu/results/`` (``ci/tools/readme_tables.py``)."""
+"""Every figure the README and docs/results.md state comes from a committed result file, and the GPU results
+tables in docs/results.md are generated from ``results/gpu/`` (``ci/tools/readme_tables.py``)."""
 from __future__ import annotations
 
+import re
 from dataclasses import asdict
 from pathlib import Path
 
@@ -19,10 +20,29 @@ def _readme() -> str:
         return f.read()
 
 
-def test_every_readme_figure_is_in_a_committed_result_file():
-    missing = rt.unbacked(_readme(), rt.result_texts())
-    assert not missing, ("README figures no committed result file (ci/*/results, benchmarks/RESULTS_*, "
-                         f"benchmarks/runs) contains: {missing}")
+def _results_doc() -> str:
+    """docs/results.md: the matrices, e2e tables and GPU results table that used to be the README's."""
+    with open(f"{REPO}/docs/results.md", encoding="utf-8") as f:
+        return f.read()
+
+
+@pytest.mark.parametrize("name", ["README.md", "docs/results.md"])
+def test_every_readme_figure_is_in_a_committed_result_file(name):
+    text = _readme() if name == "README.md" else _results_doc()
+    missing = rt.unbacked(text, rt.result_texts())
+    assert not missing, (f"{name}: figures no committed result file (results/gpu, results/cpu, results/bench) "
+                         f"contains: {missing}")
+
+
+def test_results_live_only_under_results():
+    """One home for results: the corpus is results/ (and it is not empty), the old homes are gone."""
+    names = list(rt.result_texts())
+    assert names and all(n.startswith("results/") for n in names), names[:5]
+    for top in ("results/gpu/", "results/cpu/", "results/bench/"):
+        assert any(n.startswith(top) for n in names), top
+    for old in ("ci/gpu/results", "ci/cpu/results", "benchmarks/runs"):
+        assert not (REPO_PATH / old).exists(), old
+    assert not list((REPO_PATH / "benchmarks").glob("RESULTS_*.md"))
 
 
 @pytest.mark.parametrize("doc", sorted(p.name for p in (REPO_PATH / "docs").glob("*.md")))
@@ -33,13 +53,16 @@ def test_every_docs_figure_is_in_a_committed_result_file(doc):
 
 
 def test_committed_result_files_carry_a_run_header():
+    checked = 0
     for name, text in rt.result_texts().items():
-        if name.startswith("ci/"):
+        if name.startswith(("results/gpu/", "results/cpu/")):
             assert not rt.missing_header_keys(text), (name, rt.missing_header_keys(text))
+            checked += 1
+    assert checked >= 80, checked  # the GPU and CPU .md records (82 when results/ got its layout)
 
 
 def test_gpu_results_tables_are_in_sync():
-    assert rt.render_all(_readme()) == _readme(), "run `python ci/tools/readme_tables.py write`"
+    assert rt.render_all(_results_doc()) == _results_doc(), "run `python ci/tools/readme_tables.py write`"
 
 
 def test_full_matrix_summary_counts_each_row_per_line(tmp_path):
@@ -52,16 +75,17 @@ def test_full_matrix_summary_counts_each_row_per_line(tmp_path):
                 "status": status}
 
     d = tmp_path / "results"
-    d.mkdir()
-    (d / "2026-01-01-w1-0.23.0-full-shard01.json").write_text(json.dumps([
+    for sub in ("a-0.23.0-full-matrix", "b-0.26.0-full-matrix", "c"):
+        (d / sub).mkdir(parents=True)
+    (d / "a-0.23.0-full-matrix" / "2026-01-01-w1-0.23.0-full-shard01.json").write_text(json.dumps([
         res("a", "mtp", 3, "turboquant_k8v4", "full_and_piecewise", True, "pass"),
         res("b", "mtp", 3, "turboquant_3bit_nc", "full_and_piecewise", True, "fail"),
         res("a", "mtp", 3, "turboquant_k8v4", "full_and_piecewise", False, "upstream-crash"),
         res("a", "mtp", 3, "turboquant_3bit_nc", "full_and_piecewise", False, "upstream-wrong"),
         res("a", "ngram", 3, "auto", "eager", False, "upstream-works")]))
-    (d / "2026-01-01-w1-0.26.0-full-shard02.json").write_text(json.dumps([
+    (d / "b-0.26.0-full-matrix" / "2026-01-01-w1-0.26.0-full-shard02.json").write_text(json.dumps([
         res("a", "base", 0, "auto", "full_and_piecewise", True, "pass")]))
-    (d / "2026-01-01-w1-0.26.0-tq.json").write_text(json.dumps([res("a", "base", 0, "auto", "eager", True, "fail")]))
+    (d / "c" / "2026-01-01-w1-0.26.0-tq.json").write_text(json.dumps([res("a", "base", 0, "auto", "eager", True, "fail")]))
     rows = rt.full_matrix_table(d).splitlines()
     assert rows[0] == ("| graphs | speculation | KV | 0.23.0 with the plugin | 0.23.0 upstream alone | "
                        "0.26.0 with the plugin | 0.26.0 upstream alone |")
@@ -83,7 +107,7 @@ def test_figures_are_found_and_requirements_are_not():
 
 
 def test_an_unbacked_figure_is_reported():
-    texts = {"ci/cpu/results/x.md": "- date: d\nbase 2906 tok/s\n```\nqwen3_next  mtp  2  0.000  PASS\n```"}
+    texts = {"results/cpu/x/x.md": "- date: d\nbase 2906 tok/s\n```\nqwen3_next  mtp  2  0.000  PASS\n```"}
     readme = "It runs 2906 tok/s.\n\n```\nqwen3_next  mtp  2  0.000  PASS\n```\n"
     assert rt.unbacked(readme, texts) == []
     assert rt.unbacked(readme.replace("2906", "3100"), texts) == ["3100 tok/s"]
@@ -92,7 +116,7 @@ def test_an_unbacked_figure_is_reported():
 
 
 def test_ranges_need_both_ends_and_commands_are_not_samples():
-    texts = {"ci/gpu/results/x.md": "- date: d\ninit 208 s ... init 260 s\n"}
+    texts = {"results/gpu/x/x.md": "- date: d\ninit 208 s ... init 260 s\n"}
     assert rt.unbacked("Engines start in 208-260 s.", texts) == []
     assert rt.unbacked("Engines start in 160–260 s.", texts) == ["160–260 s"]
     assert rt.unbacked("```\npython ci/tools/x.py --vllm 0.23.0 --python 3.12\n```\n", texts) == []
@@ -114,17 +138,52 @@ def test_gpu_table_with_zero_and_more_result_files(tmp_path, monkeypatch):
     assert "No GPU engine matrix result" in rt.gpu_table(tmp_path)
     src = tmp_path / "results.md"
     src.write_text(_results_md())
-    monkeypatch.setattr(rt, "GPU_RESULTS", tmp_path / "ci" / "gpu" / "results")
+    monkeypatch.setattr(rt, "GPU_RESULTS", tmp_path / "results" / "gpu")
     monkeypatch.setattr(rt, "ROOT", tmp_path)
     assert rt.main(["gpu-add", str(src), "--command", "bash ci/gpu/run.sh --do engine", "--commit", "abc1234"]) == 0
-    (filed,) = (tmp_path / "ci" / "gpu" / "results").glob("*.md")
-    assert filed.name == "2026-11-25-vllm-0.23.md"
+    (filed,) = (tmp_path / "results" / "gpu").rglob("*.md")
+    assert filed.relative_to(tmp_path).as_posix() == "results/gpu/2026-11-25-vllm-0.23-engine-matrix/2026-11-25-vllm-0.23.md"
     text = filed.read_text()
     assert not rt.missing_header_keys(text), text[:400]
     assert rt.parse_header(text)["device"] == "NVIDIA H100 80GB HBM3"
-    table = rt.gpu_table(tmp_path / "ci" / "gpu" / "results")
+    table = rt.gpu_table(tmp_path / "results" / "gpu")
     assert "| 0.23.0 | NVIDIA H100 80GB HBM3 | 2026-11-25 | 1 pass | 1 upstream-crash |" in table
+    # the table lives in docs/results.md: its links are relative to docs/
+    assert "(../results/gpu/2026-11-25-vllm-0.23-engine-matrix/2026-11-25-vllm-0.23.md)" in table
     readme = f"x\n{rt.BEGIN}\nold\n{rt.END}\ny\n"
     assert rt.render(readme, table) == f"x\n{rt.BEGIN}\n{table}\n{rt.END}\ny\n"
     with pytest.raises(ValueError, match="generated block"):
         rt.render("no markers", table)
+
+
+def test_gpu_table_names_the_gpu_not_the_machine():
+    """The result file's header keeps which lent machine a GPU sat in; docs/results.md's table names the GPU."""
+    assert rt.gpu_device("NVIDIA H200, card 1 of an `nvidia-h200-x4` machine (64 CPUs), CPUs 16-31") == "NVIDIA H200"
+    assert rt.gpu_device("NVIDIA H200 of an `nvidia-h200` machine (16 CPUs), CPUs 0-15") == "NVIDIA H200"
+    assert rt.gpu_device("2 x NVIDIA H200 (cards 2 and 3 of an nvidia-h200-x4 machine, CPUs 48-63)") == "2 x NVIDIA H200"
+    assert rt.gpu_device('NVIDIA H200, card 0 of an `nvidia-h200-x4` machine (64 CPUs), CPUs all 64 (the stand-in\'s '
+                         'fake libmxsml names it "MetaX C500")') == 'NVIDIA H200 (the stand-in\'s fake libmxsml names it "MetaX C500")'
+    assert rt.gpu_device("NVIDIA H100 80GB HBM3") == "NVIDIA H100 80GB HBM3"
+
+
+def test_readme_is_short_and_for_users():
+    """README: at most 120 lines, what the plugin fixes and how to install it on the first screen, no lent-machine
+    names or device-session jargon (those stay in the result files and results/gpu/DIARY.md)."""
+    lines = _readme().splitlines()
+    assert len(lines) <= 120, len(lines)
+    first = "\n".join(lines[:25])
+    assert "fixes" in first and "bash ci/setup.sh verify" in first
+    for text, name in ((_readme(), "README.md"), (_results_doc(), "docs/results.md")):
+        text = re.sub(r"\]\([^)]*\)", "]", text)  # link targets name result files as they were written
+        assert "nvidia-h200" not in text and "window" not in text.lower(), name
+
+
+def test_diary_sections_moved_from_the_docs_keep_their_figures_backed():
+    """docs/gpu_harness.md's dated measurements and session plans moved to results/gpu/DIARY.md: they state
+    figures as they did in docs/, so the docs' rule holds for them there (the diary itself backs nothing)."""
+    text = (REPO_PATH / "results/gpu/DIARY.md").read_text(encoding="utf-8")
+    begin, end = "<!-- moved-from-gpu-harness:begin -->", "<!-- moved-from-gpu-harness:end -->"
+    moved = text.split(begin, 1)[1].split(end, 1)[0]
+    assert "## Measured on the GPU machine (2026-11-25" in moved
+    missing = rt.unbacked(moved, rt.result_texts())
+    assert not missing, f"results/gpu/DIARY.md (from docs/gpu_harness.md): figures no result file contains: {missing}"

@@ -1,7 +1,7 @@
 """The routed TurboQuant call's host path keeps what does not change in a process: a CUDA device's
 properties are read once per device (the op read them three times a call), and the wiring resolves
 the op, its config and the workspace once per attention impl and device. Window 7 measured the
-routed call's host time at batch 1 about halved on an H200 (``ci/gpu/results/2026-11-28-w7-host-route.md``);
+routed call's host time at batch 1 about halved on an H200 (``results/gpu/2026-11-28-40-layer-c-vs-d-token-split/2026-11-28-w7-host-route.md``);
 these tests pin the caching itself, on the CPU, and that every call's tensor is still checked.
 """
 from __future__ import annotations

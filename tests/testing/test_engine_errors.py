@@ -14,7 +14,7 @@ from vllm_platform_ext.testing import cells
 from vllm_platform_ext.testing.engine import EngineRun
 from vllm_platform_ext.testing.engine_errors import error_line
 
-RESULT = Path(__file__).resolve().parents[2] / "ci/gpu/results/2026-11-28-w8-0.23.0-full-shard02.json"
+RESULT = Path(__file__).resolve().parents[2] / "results/gpu/2026-11-29-0.23.0-full-matrix/2026-11-28-w8-0.23.0-full-shard02.json"
 ILLEGAL = "torch.AcceleratorError: CUDA error: an illegal memory access was encountered"
 
 

@@ -24,7 +24,7 @@ it. The kernel runs the step in less than half the time of the plugin's torch re
 engine's step was 1.40x vLLM's own with the plugin's ops taking every step); the conv stays the
 plugin's because vLLM's steady loop convolves in the conv cache's dtype (bfloat16), which moved the
 MoE kit's ngram audit from 0.000 to 0.018 bad positions (limit 0.020) while steady steps went to
-vLLM's function whole (ci/cpu/results/2026-11-29-gdn-steady-f32-conv.md).
+vLLM's function whole (results/cpu/2026-11-29-gdn-steady-steps/2026-11-29-gdn-steady-f32-conv.md).
 The kernel is a per-line contract (``steady_route``): its ``vllm._custom_ops`` wrapper takes those
 parameters, its ``_C`` op is registered and the line's ``_spec_forward`` makes that very call; where
 the kernel is there but the call differs, steady steps go to vLLM's own function whole (as before);

@@ -1,4 +1,4 @@
-# Helpers of a device window's plan script (ci/gpu/results/HOW.txt has each window's plan).
+# Helpers of a device window's plan script (results/gpu/DIARY.md has each window's plan).
 # Source it on the GPU machine, then launch jobs in the background and `wait`:
 #
 #   . ci/gpu/window/lib.sh                       # R (results folder) defaults to /tmp/r/w

@@ -35,7 +35,7 @@ _TABLE = {
         "maca": dict(num_warps=4, BLOCK_D=128),
     }),
     "gdn.recurrent_gated_delta_rule": ("recurrent_gated_delta_rule", {
-        # H200 sweep (benchmarks/RESULTS_gdn.md): BLOCK_V=4 with one warp is the fastest or within
+        # H200 sweep (results/bench/gdn-kernels.md): BLOCK_V=4 with one warp is the fastest or within
         # 3% of it from batch 1 to 64; MACA: unmeasured, a middle shape.
         "cuda": dict(num_warps=1, num_stages=2, BLOCK_V=4),
         "maca": dict(num_warps=2, num_stages=1, BLOCK_V=8),

@@ -381,7 +381,7 @@ def _recurrent(q, k, v, gates, scale, ssm_states, query_start_loc, state_indices
     BV = min(cfg["BLOCK_V"], _next_pow2(V))
     num_warps = cfg["num_warps"]
     # few (row, head) pairs: fewer programs than the GPU has room for, so give each one a
-    # different shape (measured in benchmarks/RESULTS_gdn.md)
+    # different shape (measured in results/bench/gdn-kernels.md)
     if cfg.get("SMALL_GRID") and n * HV * triton.cdiv(V, BV) < cfg["SMALL_GRID"]:
         BV = min(cfg["SMALL_BLOCK_V"], _next_pow2(V))
         num_warps = cfg["SMALL_NUM_WARPS"]

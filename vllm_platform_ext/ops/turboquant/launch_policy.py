@@ -20,7 +20,7 @@ DEFAULT_MAX_KV_SPLITS = 32
 def _cuda_properties(index: int):
     """A CUDA device's properties, read once per device: they do not change in a process, and a
     read costs 5-7 us (H200, torch 2.11); the op read them three times a call before
-    (``ci/gpu/results/2026-11-28-w7-host-route.md``)."""
+    (``results/gpu/2026-11-28-40-layer-c-vs-d-token-split/2026-11-28-w7-host-route.md``)."""
     return torch.cuda.get_device_properties(index)
 
 
@@ -70,7 +70,7 @@ USE_V2 = True
 V2_SPLIT_WAVES = 4
 V2_LAUNCH_DEFAULTS = {
     # Per preset, measured best on an H200 (B=64, K=3, 32K context, 24/4 heads, vLLM's page layout;
-    # benchmarks/profile_turboquant.py sweep, numbers in benchmarks/RESULTS_turboquant.md).
+    # benchmarks/profile_turboquant.py sweep, numbers in results/bench/turboquant-kernels.md).
     # FP8_ASM / NIB_ASM: PTX dequant (cvt.rn.f16x2.e4m3x2 for fp8 keys on SM >= 8.9, lop3 for 4-bit
     # value nibbles); elsewhere (interpreter, SM < 8.9 fp8 keys) the portable shift/mask path runs.
     # PREFETCH: register double buffer of the next tile (helps 3-bit keys only).
@@ -90,7 +90,7 @@ V2_LAUNCH_DEFAULTS = {
 # Shape rules on top of V2_LAUNCH_DEFAULTS, first match wins. They look at shapes only (number of
 # requests, K+1, KV heads, row chunks), never at sequence lengths, so a CUDA graph captured with
 # dummy lengths keeps the right choice. "programs" = requests x KV heads x row chunks.
-# Measured on an H200 (benchmarks/profile_turboquant.py grid, benchmarks/runs/2026-11-22-turboquant-tuning/SWEEP_turboquant.txt):
+# Measured on an H200 (benchmarks/profile_turboquant.py grid, results/bench/2026-11-22-turboquant-tuning/SWEEP_turboquant.txt):
 #  - plain decode with >= 128 programs: BLOCK_N 64, one dot's operand converted at a time
 #    (ASM_SPLIT) and at most 168 registers (3 programs per SM): 1.09-1.13x at B = 32/64, 4K and 32K;
 #  - small verify batches (<= 32 programs and K+1 <= 4, or <= 8 programs): BLOCK_N 64 with 3 stages:
@@ -107,8 +107,8 @@ V2_SHAPE_RULES = {
 
 # Explicit-layout (Gluon) kernel, gluon_verify.py: where Triton has Gluon, every preset takes it instead
 # of the v2 kernel (k8v4 on SM >= 8.9, which converts fp8 in hardware; the MSE presets on SM >= 8.0).
-# Measured on an H200 (benchmarks/profile_turboquant.py grid benchmarks/runs/2026-11-22-turboquant-tuning/turboquant_grid_*.json, log in
-# benchmarks/runs/2026-11-22-turboquant-tuning/SWEEP_turboquant.txt): one stage and at most 168 registers (3 programs per SM) is the fastest setting
+# Measured on an H200 (benchmarks/profile_turboquant.py grid results/bench/2026-11-22-turboquant-tuning/turboquant_grid_*.json, log in
+# results/bench/2026-11-22-turboquant-tuning/SWEEP_turboquant.txt): one stage and at most 168 registers (3 programs per SM) is the fastest setting
 # almost everywhere (k8v4 B = 64, K = 3, 32K, 24/4: 1.83 ms vs 2.09 ms with two stages, 2.44 ms for v2).
 # WM x WN: warps along the rows (16 each, at most BLOCK_M/16) x along the positions. MAX_BLOCK_M: query
 # rows per program (more go to row chunks). SPLIT_FIT: split-KV count from gluon_num_kv_splits (whole
@@ -227,7 +227,7 @@ def gluon_num_kv_splits(programs: int, device: torch.device, max_splits: int, ct
 # SMALL_BATCH_MIN_TILES tiles (or than the usual split, when that is shorter): 16K and 32K contexts
 # spread over twice the SMs, 4K and 8K keep their splits. H200, 16/2 heads, B = 1, K = 0-3: 32K
 # 1.25-1.44x, 16K 1.06-1.21x; 48-row programs (K+1 = 6) and 4 programs (24/4 heads) lose with more
-# splits (benchmarks/runs/2026-11-22-turboquant-tuning/SWEEP_turboquant.txt, T1).
+# splits (results/bench/2026-11-22-turboquant-tuning/SWEEP_turboquant.txt, T1).
 SMALL_BATCH_MAX_SPLITS = 64
 SMALL_BATCH_MIN_TILES = 4
 SMALL_BATCH_MAX_ROWS = 32

@@ -291,7 +291,7 @@ def uses_soa_cache() -> bool:
 
 
 # Speculative methods whose verify batches are declared graph-capturable. ngram is not: on vLLM 0.23
-# (H100, 2026-11-25, ci/gpu/results/2026-11-25-0.23.0-tq*.md) ngram k=3 with FULL graphs gave 16.5%
+# (H100, 2026-11-25, results/gpu/2026-11-25-0.23.0-turboquant-spec-decode/2026-11-25-0.23.0-tq*.md) ngram k=3 with FULL graphs gave 16.5%
 # bad positions on k8v4 and 3bit_nc with the route on (4bit_nc 0.9%), while the same cells eager
 # were at the floor (0.0%) and MTP k=3 under FULL graphs passes on every preset. Until that is
 # understood, ngram's K+1 batches run outside FULL graphs (the route still serves them).
