@@ -8,7 +8,9 @@ Per kind: builds the kit checkpoint twice (``mtp="random"`` and ``mtp="distilled
 ``{"method": "mtp", "num_speculative_tokens": k}`` and once without speculation (the target is
 the same checkpoint in both: the tokens must match). Reports drafts, draft tokens, accepted,
 mean acceptance length (1 + accepted / drafts) and the per-position accepted counts.
-``--capture``: after the run, one prompt alone with the proposer's drafts recorded, compared
+The tokens of a speculative run need not equal plain decoding's (bf16 verification batches round
+differently, and the kit's targets amplify any difference), so ``--audit`` scores them with the
+float32 audit against transformers' bf16 floor instead, as ``verify`` does. ``--capture``: after the run, one prompt alone with the proposer's drafts recorded, compared
 with :func:`mtp_distill.engine_drafts` (the torch mirror) on transformers' hidden states.
 """
 from __future__ import annotations
@@ -114,6 +116,8 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default="")
     ap.add_argument("--capture", action="store_true")
     ap.add_argument("--no-base", action="store_true", help="skip the plain-decoding token check")
+    ap.add_argument("--audit", action="store_true",
+                    help="the float32 audit (testing.audit) of each run's tokens against the bf16 floor")
     a = ap.parse_args(argv)
     apply_engine_env()
     if a.capture:
@@ -146,6 +150,16 @@ def main(argv=None) -> int:
             rows["positions_differing"] = {m: sum(x != y for r, b in zip(rows[m]["tokens"], base.tokens)
                                                   for x, y in zip(r, b)) for m in a.mtp}
             print(f"[base] {kind}: {rows['tokens_equal_base']} {rows['positions_differing']}", file=sys.stderr)
+        if a.audit:
+            from vllm_platform_ext.testing.audit import Reference, passes
+
+            ref = Reference(str(Path(a.work) / f"{kind}_{a.mtp[0]}"), threads=1)
+            floor = ref.floor(prompts, a.max_tokens).bad_fraction
+            rows["audit"] = {"floor": round(floor, 4)}
+            for m in a.mtp:
+                bad = ref.audit(prompts, rows[m]["tokens"]).bad_fraction
+                rows["audit"][m] = {"bad_fraction": round(bad, 4), "passes": passes(bad, floor)}
+            print(f"[audit] {kind}: {rows['audit']}", file=sys.stderr, flush=True)
         for m in a.mtp:
             rows[m].pop("tokens", None)
     text = json.dumps(report, indent=1)

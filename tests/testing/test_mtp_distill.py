@@ -63,3 +63,11 @@ def test_engine_drafts_match_unrolled_when_drafts_are_right(kit):
     with torch.no_grad():
         out = head.unrolled(forced_tok[None, : t + 4], hid[None, : t + 4], 3)
     assert [int(o[0, t].argmax()) for o in out] == d
+
+
+def test_make_tiny_model_mtp_option_checked(tmp_path):
+    with pytest.raises(ValueError, match="mtp"):
+        make_tiny_model("qwen3_5_text", tmp_path / "a", mtp="bogus")
+    with pytest.raises(ValueError, match="distilled"):
+        make_tiny_model("qwen3_5", tmp_path / "b", mtp="distilled")  # no transformers model class
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
