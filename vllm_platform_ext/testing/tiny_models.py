@@ -19,6 +19,7 @@ import tempfile
 from pathlib import Path
 
 KINDS = ("qwen3_next", "qwen3_5_text", "qwen3_5", "qwen3_5_moe")
+MTP_MODES = ("random", "distilled")
 # Qwen3.5 / Qwen3.6 as vLLM 0.23-0.26 serve them: the multimodal classes (those lines have no
 # text-only one), run text-only (``language_model_only=True``). Their weights come from
 # :func:`qwen3_5_state_dict` (no transformers model class), their config from transformers where
@@ -372,7 +373,7 @@ def hot_token_ids(n: int = 16) -> list[int]:
 
 def make_tiny_model(kind: str, out_dir: str | os.PathLike, seed: int = 0, std: float = 0.2,
                     mtp_layers: int = 1, hot_tokens: int = 8, cold_scale: float = 0.05,
-                    dims: str = "cpu", max_positions: int = 512) -> Path:
+                    dims: str = "cpu", max_positions: int = 512, mtp: str = "random") -> Path:
     """Write a deterministic tiny checkpoint of ``kind`` to ``out_dir`` and return its path.
 
     ``hot_tokens`` > 0 scales the ``lm_head`` rows of every token except that many letters
@@ -381,10 +382,18 @@ def make_tiny_model(kind: str, out_dir: str | os.PathLike, seed: int = 0, std: f
     and then, while which letter comes next still depends on the recurrent state. 0 keeps
     the plain random head. ``dims`` picks the head sizes (:data:`DIMS`). ``max_positions`` is the
     config's ``max_position_embeddings`` (RoPE only: the weights do not depend on it).
+    ``mtp``: "random" (transformers' init) or "distilled": the ``mtp.*`` tensors then are trained on
+    the target's own greedy continuations (:mod:`mtp_distill`, deterministic, CPU, a few minutes;
+    kinds with a transformers model class only); every other tensor is the same as with "random".
     """
     import torch
     from safetensors.torch import save_file
 
+    if mtp not in MTP_MODES:
+        raise ValueError(f"mtp {mtp!r} not in {MTP_MODES}")
+    if mtp == "distilled" and (kind in CONDITIONAL or mtp_layers != 1):
+        raise ValueError(f"mtp='distilled' needs a kind with a transformers model class and one MTP layer "
+                         f"(got {kind!r}, mtp_layers={mtp_layers})")
     cfg = config_dict(kind, std=std, mtp_layers=mtp_layers, dims=dims)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -413,6 +422,12 @@ def make_tiny_model(kind: str, out_dir: str | os.PathLike, seed: int = 0, std: f
     full_cfg.pop("transformers_version", None)
     (out / "config.json").write_text(json.dumps(full_cfg, indent=1, sort_keys=True) + "\n")
     make_tokenizer(out, cfg["vocab_size"])
+    if mtp == "distilled":
+        from vllm_platform_ext.testing.mtp_distill import distill
+
+        trained, _ = distill(str(out), {k: v.float() for k, v in sd.items() if k.startswith("mtp.")}, seed=seed)
+        sd.update({k: v.detach().to(torch.bfloat16).contiguous() for k, v in trained.items()})
+        save_file(dict(sorted(sd.items())), str(out / "model.safetensors"), metadata={"format": "pt"})
     check_checkpoint(out)
     return out
 
@@ -428,9 +443,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--mtp-layers", type=int, default=1)
     ap.add_argument("--hot-tokens", type=int, default=8)
     ap.add_argument("--dims", choices=tuple(DIMS), default="cpu")
+    ap.add_argument("--mtp", choices=MTP_MODES, default="random")
     a = ap.parse_args(argv)
     print(make_tiny_model(a.kind, a.out_dir, seed=a.seed, std=a.std, mtp_layers=a.mtp_layers,
-                          hot_tokens=a.hot_tokens, dims=a.dims))
+                          hot_tokens=a.hot_tokens, dims=a.dims, mtp=a.mtp))
     return 0
 
 
