@@ -1,7 +1,7 @@
 """MTP acceptance of the kit's tiny models in the CPU engine: random vs distilled ``mtp.*``.
 
     PYTHONPATH=. VLLM_CPU_KVCACHE_SPACE=1 python benchmarks/mtp_acceptance.py \\
-        --kinds qwen3_next qwen3_5_text --work /tmp/mtp_acc --out benchmarks/runs/mtp_acceptance.json
+        --kinds qwen3_next qwen3_5_text --work /tmp/mtp_acc --out results/bench/new-mtp-acceptance/mtp_acceptance.json
 
 Per kind: builds the kit checkpoint twice (``mtp="random"`` and ``mtp="distilled"``, cached in
 ``--work``), runs vLLM greedy on ``--prompts`` prompts x ``--max-tokens`` tokens with

@@ -192,7 +192,7 @@ def training_prompts(n: int, seed: int, hot: int = 8, vocab_size: int = 256,
                      lengths: tuple = (8, 24, 48, 96)) -> list[list[int]]:
     """Seeded random prompts in the style of :mod:`prompts`: hot-letter runs, repeated patterns,
     whole-vocabulary noise; a few lengths (:func:`collect` generates each length as one batch)."""
-    from vllm_platform_ext.testing.tiny_models import hot_token_ids
+    from vllm_platform_ext.testing.kit_tokens import hot_token_ids
 
     r = random.Random(seed)
     h, full = hot_token_ids(hot), list(range(4, vocab_size))

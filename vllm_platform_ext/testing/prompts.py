@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import random
 
-from vllm_platform_ext.testing.tiny_models import hot_token_ids
+from vllm_platform_ext.testing.kit_tokens import hot_token_ids
 
 LENGTHS = (5, 9, 17, 33, 57, 96, 120)
 

@@ -18,6 +18,8 @@ import os
 import tempfile
 from pathlib import Path
 
+from vllm_platform_ext.testing.kit_tokens import SPECIAL_TOKENS, VOCAB_SIZE, _tokenizer_chars, hot_token_ids
+
 KINDS = ("qwen3_next", "qwen3_5_text", "qwen3_5", "qwen3_5_moe")
 MTP_MODES = ("random", "distilled")
 # Qwen3.5 / Qwen3.6 as vLLM 0.23-0.26 serve them: the multimodal classes (those lines have no
@@ -31,7 +33,7 @@ CPU_KINDS = ("qwen3_next", "qwen3_5_text")
 GPU_KINDS = ("qwen3_next", "qwen3_5", "qwen3_5_moe")
 
 _COMMON = {
-    "vocab_size": 256,
+    "vocab_size": VOCAB_SIZE,
     "hidden_size": 64,
     "intermediate_size": 128,
     "num_hidden_layers": 4,
@@ -94,7 +96,6 @@ DIMS = {
 _MTP_KEY = {"qwen3_next": "num_nextn_predict_layers", "qwen3_5_text": "mtp_num_hidden_layers",
             "qwen3_5_moe_text": "mtp_num_hidden_layers"}
 
-SPECIAL_TOKENS = ("<pad>", "<s>", "</s>", "<unk>")  # ids 0..3; bos=1, eos=2 as in the config
 
 
 class CheckpointError(RuntimeError):
@@ -328,18 +329,6 @@ def check_checkpoint(path: str | os.PathLike) -> dict:
     return cfg
 
 
-def _tokenizer_chars(n: int) -> list[str]:
-    """``n`` distinct single characters: printable ASCII, newline, then Latin-1 and beyond."""
-    chars = [chr(c) for c in range(32, 127)] + ["\n"]
-    c = 0xA1
-    while len(chars) < n:
-        ch = chr(c)
-        if ch.isprintable() and not ch.isspace():
-            chars.append(ch)
-        c += 1
-    return chars[:n]
-
-
 def make_tokenizer(out_dir: str | os.PathLike, vocab_size: int) -> None:
     """A char-level tokenizer whose ids 0..vocab_size-1 each decode to one token."""
     from tokenizers import Tokenizer, decoders, models
@@ -360,15 +349,6 @@ def make_tokenizer(out_dir: str | os.PathLike, vocab_size: int) -> None:
 
 def cfg_max_len() -> int:
     return _COMMON["max_position_embeddings"]
-
-
-def hot_token_ids(n: int = 16) -> list[int]:
-    """Token ids of the first ``n`` lowercase letters ('a', 'b', ...) in the kit's tokenizer."""
-    chars = _tokenizer_chars(_COMMON["vocab_size"] - len(SPECIAL_TOKENS))
-    letters = [c for c in chars if "a" <= c <= "z"][:n]
-    if len(letters) < n:
-        raise ValueError(f"at most 26 hot tokens, asked for {n}")
-    return [len(SPECIAL_TOKENS) + chars.index(c) for c in letters]
 
 
 def make_tiny_model(kind: str, out_dir: str | os.PathLike, seed: int = 0, std: float = 0.2,
