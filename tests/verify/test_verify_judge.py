@@ -70,3 +70,37 @@ def test_verify_row_fails_when_the_applied_route_never_ran():
     assert not ok and "skipped but routed [3] calls" in note
     off.routes = _routes([0])
     assert runner.judge(off, _Audit(), floor=0.0, margin=0.02)[0]
+
+
+def _tq_routes(k1):
+    return [{"rank": 0, "routes": {"turboquant_spec_verify": {"k1": k1, "rows": 0, "decode": 0}}}]
+
+
+def test_gpu_cell_needs_the_turboquant_route_to_have_run():
+    """A plugin cell on a TurboQuant KV cache passes only when the verify route routed calls; a
+    route-off control (the group disabled) that routed any is the harness's error; bf16 KV needs none."""
+    tq = cells.Cell(mode="mtp", k=3, kv="turboquant_k8v4", plugin=True)
+    run = EngineRun(mode="mtp", k=3, num_draft_tokens=10, num_accepted_tokens=4,
+                    patches={"turboquant_spec_verify": "applied"}, routes=_tq_routes(7))
+    assert cells.judge(tq, run, _Audit(), 0.0, 0.02) == ("pass", "")
+    run.routes = _tq_routes(0)
+    status, note = cells.judge(tq, run, _Audit(), 0.0, 0.02)
+    assert status == "fail" and "routed no call" in note
+    bf16 = cells.Cell(mode="mtp", k=3, kv="auto", plugin=True)
+    assert cells.judge(bf16, run, _Audit(), 0.0, 0.02) == ("pass", "")
+    off = cells.Cell(mode="mtp", k=3, kv="turboquant_k8v4", plugin=True, disable="turboquant_spec_verify")
+    ctl = EngineRun(mode="mtp", k=3, num_draft_tokens=10, num_accepted_tokens=4,
+                    patches={"turboquant_spec_verify": "skipped"}, routes=_tq_routes(2))
+    status, note = cells.judge(off, ctl, _Audit(), 0.0, 0.02)
+    assert status == "fail" and "skipped but routed [2] calls" in note
+    status, _ = cells.judge(cells.Cell(mode="mtp", k=3, kv="turboquant_k8v4", plugin=False), ctl, _Audit(), 0.0, 0.02)
+    assert status == "harness-error"
+
+
+def test_gpu_cell_reads_every_tp_workers_patch_report():
+    """TP > 1: a group that failed on one worker fails the cell, though the driver's report is clean."""
+    run = _run(**{"turboquant_spec_verify": "applied"})
+    run.ranks = [{"rank": 0, "patches": {"turboquant_spec_verify": "applied"}},
+                 {"rank": 1, "patches": {"turboquant_spec_verify": "failed"}}]
+    status, note = cells.judge(cells.Cell(mode="mtp", k=2, plugin=True, tp=2), run, _Audit(), 0.0, 0.02)
+    assert status == "fail" and "turboquant_spec_verify" in note

@@ -180,6 +180,8 @@ def route_problem(run, group: str, keys: tuple[str, ...]) -> str | None:
     have routed a call (``keys``), where it was not (disabled, a route-off control) none may have;
     ``None`` when they agree, or when the group is unknown to the run (not in its patch report)."""
     status = (run.patches or {}).get(group)
+    if status is None:
+        return None
     counts = routed(run.routes, group, keys)
     if status != "applied":
         return f"{group} {status} but routed {counts} calls" if counts and max(counts) > 0 else None
