@@ -108,7 +108,9 @@ class _Skip(Exception):
 
 
 def _gdn_calls():
-    from vllm_platform_ext.ops.gdn import cases, harness, triton_ops
+    from vllm_platform_ext.ops.gdn import triton_ops
+    from vllm_platform_ext.testing import gdn_cases as cases
+    from vllm_platform_ext.testing import gdn_harness as harness
 
     for name, case in cases.standard_cases().items():
         for dtype in (torch.bfloat16,):  # the models' dtype; fp16/fp32 add specializations, not constructs

@@ -291,11 +291,11 @@ def test_fix_lands_on_the_backend_vllm_selects(patched, monkeypatch):
 
     import vllm.v1.attention.selector as selector
 
-    import vllm_platform_ext
+    import vllm_platform_ext.report
     from vllm_platform_ext.report import Report
 
     report = Report()
-    monkeypatch.setattr(vllm_platform_ext, "_report", report)
+    monkeypatch.setattr(vllm_platform_ext.report, "_current", report)
     mod = _vendor_module()
     try:
         assert selector.resolve_obj_by_qualname.__name__ == "resolve_obj_by_qualname"
