@@ -26,9 +26,3 @@ def counter(group: str, keys: tuple[str, ...]) -> Counter:
 def snapshot() -> dict[str, dict[str, int]]:
     """``{group: {key: count}}`` of this process."""
     return {g: dict(c) for g, c in sorted(_COUNTERS.items())}
-
-
-def reset() -> None:
-    for c in _COUNTERS.values():
-        for k in c:
-            c[k] = 0

@@ -14,7 +14,7 @@ from vllm_platform_ext.testing.audit import MARGIN, passes, reference_audits
 from vllm_platform_ext.testing.cell_suites import Cell
 from vllm_platform_ext.testing.engine import failed_patches
 from vllm_platform_ext.testing.engine_errors import HARNESS_ERRORS, error_line, harness_error
-from vllm_platform_ext.testing.ranks import route_problem
+from vllm_platform_ext.testing.ranks import spec_route_problem
 
 
 @dataclass
@@ -90,23 +90,6 @@ def unlike_known_upstream(cell: Cell, result: CellResult) -> str | None:
             f"{result.status} {result.error!r}: the bug the plugin fixes did not reproduce, so this cell proves nothing")
 
 
-# The routes a speculative cell must show ran (testing.ranks.route_problem): the CPU GDN route wherever
-# its group is applied; the TurboQuant verify route where the cell's KV cache is TurboQuant's.
-_ROUTES = (("gdn.cpu_spec_decode", ("calls",), lambda c: True),
-           ("turboquant_spec_verify", ("k1", "rows", "decode"), lambda c: c.kv.startswith("turboquant")))
-
-
-def _route_problem(cell: Cell, run) -> str | None:
-    if cell.mode == "base":
-        return None
-    for group, keys, applies in _ROUTES:
-        if applies(cell):
-            problem = route_problem(run, group, keys)
-            if problem:
-                return problem
-    return None
-
-
 def judge(cell: Cell, run, audit, floor: float, margin: float) -> tuple[str, str]:
     """(status, note) of one cell's run."""
     if run.error:
@@ -120,7 +103,7 @@ def judge(cell: Cell, run, audit, floor: float, margin: float) -> tuple[str, str
                                               if st == "failed")})  # TP > 1: every worker's own report
     if cell.plugin and failed:
         return "fail", f"plugin patch group failed in the engine: {', '.join(failed)}"
-    route = _route_problem(cell, run)
+    route = spec_route_problem(run, cell.kv) if cell.mode != "base" else None
     if route:  # applied is patched, not called; a route-off control must not have routed
         return ("fail" if cell.plugin else "harness-error"), route
     ok = passes(audit.bad_fraction, floor, margin)

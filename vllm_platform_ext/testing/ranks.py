@@ -192,6 +192,22 @@ def route_problem(run, group: str, keys: tuple[str, ...]) -> str | None:
     return None
 
 
+# The routes a speculative run must show ran (:func:`route_problem`): the CPU GDN route wherever its
+# group is applied; the TurboQuant verify route where the KV cache is TurboQuant's.
+SPEC_ROUTES = (("gdn.cpu_spec_decode", ("calls",), lambda kv: True),
+               ("turboquant_spec_verify", ("k1", "rows", "decode"), lambda kv: kv.startswith("turboquant")))
+
+
+def spec_route_problem(run, kv: str) -> str | None:
+    """The first :func:`route_problem` of a speculative ``run`` on KV cache ``kv`` (``verify``'s rows
+    and the GPU cells judge by the same rule)."""
+    for group, keys, applies in SPEC_ROUTES:
+        problem = route_problem(run, group, keys) if applies(kv) else None
+        if problem:
+            return problem
+    return None
+
+
 def rank_lines(ranks: list[dict]) -> list[str]:
     """Human lines for a run's ranks: one line when every rank reports the same (beyond its
     rank and pid), else one line per rank."""

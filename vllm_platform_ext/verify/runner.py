@@ -27,7 +27,7 @@ from vllm_platform_ext.testing.cpu_paths import NO_AVX512_BF16, PATHS, env_for
 from vllm_platform_ext.testing.engine import (GRAPH_MODES, MODES, EngineConfig, EngineRun, EngineSettings,
                                              EngineSubprocessError, failed_patches, run_in_subprocess)
 from vllm_platform_ext.testing.prompts import LENGTHS, default_prompts
-from vllm_platform_ext.testing.ranks import rank_lines, route_problem
+from vllm_platform_ext.testing.ranks import rank_lines, spec_route_problem
 from vllm_platform_ext.testing.tiny_models import CPU_KINDS, DIMS, GPU_KINDS, KINDS, check_checkpoint, make_tiny_model
 
 QUICK_MODES = "base,ngram:2,mtp:2"
@@ -163,7 +163,7 @@ def judge(run, audit, floor: float, margin: float) -> tuple[bool, str]:
         return False, f"plugin patch group failed in the engine: {', '.join(failed_patches(run))}"
     if run.mode != "base" and run.num_draft_tokens == 0:
         return False, "no drafts proposed: the spec path was not exercised"
-    route = route_problem(run, "gdn.cpu_spec_decode", ("calls",)) if run.mode != "base" else None
+    route = spec_route_problem(run, run.kv_cache_dtype) if run.mode != "base" else None
     if route:  # applied is patched, not called: the plugin's route must have run (or, off, not at all)
         return False, route
     if run.mode != "base" and run.num_accepted_tokens == 0:  # right tokens prove nothing of the accept path
