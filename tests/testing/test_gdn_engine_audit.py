@@ -24,6 +24,7 @@ from dataclasses import replace
 import pytest
 
 from conftest import cpu_path_params
+from vllm_platform_ext.testing import acceptance
 from vllm_platform_ext.testing.audit import MARGIN, Reference, passes
 from vllm_platform_ext.testing.cpu_paths import AVX512_BF16, NO_AVX512_BF16, env_for
 from vllm_platform_ext.testing.engine import EngineConfig, EngineSettings, run_in_subprocess
@@ -72,7 +73,7 @@ SECOND_CONFIGS = [c for c in CONFIGS if c.label not in {k.label for k in parse_m
 
 
 def _build(kind: str, path: str, configs: list, ds_configs: list, tmp_path_factory) -> "Matrix":
-    model = make_tiny_model(kind, tmp_path_factory.mktemp(kind) / "model", seed=0)
+    model = make_tiny_model(kind, tmp_path_factory.mktemp(kind) / "model", target="recall")
     env = env_for(path)
     t0 = time.perf_counter()
     extra = FP32_CACHE if path == NO_AVX512_BF16 else []
@@ -112,6 +113,12 @@ def _check_run(m: Matrix, run, cfg: EngineConfig, layout: str = "SD") -> None:
     if cfg.mode != "base":
         assert run.num_draft_tokens > 0, "no drafts: the spec path was not exercised"
         assert run.num_accepted_tokens > 0, "no draft accepted: multi-token steps not exercised"
+        # the recall kit accepts drafts like a real model: every draft position accepted often, and MTP
+        # k=3 at a real model's mean acceptance length with every exact path (j of 3 accepted) run
+        mtp3 = (cfg.mode, cfg.k) == ("mtp", 3)
+        why = acceptance.problem(run, min_length=acceptance.MIN_MTP_LENGTH_K3 if mtp3 else 0.0,
+                                 min_path_steps=acceptance.MIN_PATH_STEPS if mtp3 else 0)
+        assert why is None, f"{where}: {why}"
         # applied is patched, not called: every worker's counters show the plugin's GDN route ran
         assert route_problem(run, GDN_GROUP, ("calls",)) is None, (route_problem(run, GDN_GROUP, ("calls",)),
                                                                     run.routes, run.routes_error)

@@ -124,6 +124,7 @@ class EngineRun:
     num_drafts: int = 0
     num_draft_tokens: int = 0
     num_accepted_tokens: int = 0
+    accepted_per_pos: list = field(default_factory=list)  # vllm:spec_decode_num_accepted_tokens_per_pos, per draft position
     init_s: float = 0.0
     generate_s: float = 0.0
     num_generated: int = 0
@@ -206,12 +207,21 @@ _SPEC_COUNTERS = {
 }
 
 
+PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos"
+
+
 def spec_counters(llm) -> dict:
+    """vLLM's speculative counters (summed over engines), and the accepted count per draft position."""
     out = {v: 0 for v in _SPEC_COUNTERS.values()}
+    per_pos: list = []
     for m in llm.get_metrics():
         key = _SPEC_COUNTERS.get(m.name)
         if key is not None:
             out[key] += int(getattr(m, "value", 0))
+        elif m.name == PER_POS:  # a vector, one entry per draft position
+            vals = [int(v) for v in getattr(m, "values", [])]
+            per_pos = [a + b for a, b in zip(per_pos, vals)] + vals[len(per_pos):] if per_pos else vals
+    out["accepted_per_pos"] = per_pos
     return out
 
 
@@ -355,7 +365,10 @@ def timed_generate(llm, prompts: list[list[int]], sp, warmup_runs: int = 0) -> t
     outs = llm.generate(batch, sp, use_tqdm=False)
     gen_s = time.perf_counter() - t0
     after = spec_counters(llm)
-    return outs, gen_s, {k: after[k] - before[k] for k in after}
+    delta = {k: after[k] - before[k] for k in after if k != "accepted_per_pos"}
+    pb = before["accepted_per_pos"] + [0] * (len(after["accepted_per_pos"]) - len(before["accepted_per_pos"]))
+    delta["accepted_per_pos"] = [a - b for a, b in zip(after["accepted_per_pos"], pb)]
+    return outs, gen_s, delta
 
 
 def run_engine(model: str, prompts: list[list[int]], cfg: EngineConfig,

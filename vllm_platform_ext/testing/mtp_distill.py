@@ -229,12 +229,13 @@ def collect(model, prompts: list[list[int]], new_tokens: int):
             by_len.setdefault(len(p), []).append(i)
         res = {}
         for n, idx in sorted(by_len.items()):
-            x = torch.tensor([prompts[i] for i in idx], dtype=torch.long)
+            x = torch.tensor([prompts[i] for i in idx], dtype=torch.long, device=next(model.parameters()).device)
             out = model.generate(input_ids=x, attention_mask=torch.ones_like(x), do_sample=False,
                                  max_new_tokens=new_tokens, min_new_tokens=new_tokens, use_cache=True,
                                  pad_token_id=0, eos_token_id=None)
             hid = model.model(input_ids=out).last_hidden_state.float()
             probs = torch.softmax(model.lm_head(hid).float(), -1)
+            out, hid, probs = out.cpu(), hid.cpu(), probs.cpu()
             for j, i in enumerate(idx):
                 res[i] = (out[j], hid[j], n, probs[j])
         for i in range(len(prompts)):
@@ -243,22 +244,24 @@ def collect(model, prompts: list[list[int]], new_tokens: int):
 
 
 def distill(model_dir: str, mtp: dict, *, seed: int = 0, n_train: int = 128, new_tokens: int = 128,
-            steps: int = 300, lr: float = 1e-2, k: int = 3, batch: int = 16, log=None, held=None, data=None):
+            steps: int = 300, lr: float = 1e-2, k: int = 3, batch: int = 16, log=None, held=None, data=None,
+            device: str = "cpu"):
     """Train ``mtp`` (the ``mtp.*`` tensors) against the target at ``model_dir``; return the new
     tensors (float32) and a summary dict. ``held``: rows of :func:`collect` whose
     :func:`draft_accuracy` ``log`` reports along the way; ``data``: training rows of :func:`collect`
-    (default: the target's continuations of ``training_prompts(n_train, seed)``)."""
+    (default: the target's continuations of ``training_prompts(n_train, seed)``, generated on ``device``;
+    the MTP layer trains on the CPU, one thread)."""
     import torch
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # one thread: the same sums in the same order on every machine
     try:
-        return _distill(model_dir, mtp, seed, n_train, new_tokens, steps, lr, k, batch, log, held, data)
+        return _distill(model_dir, mtp, seed, n_train, new_tokens, steps, lr, k, batch, log, held, data, device)
     finally:
         torch.set_num_threads(threads)
 
 
-def _distill(model_dir, mtp, seed, n_train, new_tokens, steps, lr, k, batch, log, held, data):
+def _distill(model_dir, mtp, seed, n_train, new_tokens, steps, lr, k, batch, log, held, data, device):
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -270,7 +273,7 @@ def _distill(model_dir, mtp, seed, n_train, new_tokens, steps, lr, k, batch, log
     embed = next(v for n, v in sd.items() if n.endswith("embed_tokens.weight"))
     head = MTPHead(cfg, mtp, embed, sd["lm_head.weight"])
     if data is None:
-        data = collect(target, training_prompts(n_train, seed), new_tokens)
+        data = collect(target.to(device), training_prompts(n_train, seed), new_tokens)
     del target
     opt = torch.optim.Adam(head.params(), lr=lr)
     g = torch.Generator().manual_seed(seed + 1)

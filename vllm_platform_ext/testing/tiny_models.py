@@ -22,6 +22,9 @@ from vllm_platform_ext.testing.kit_tokens import SPECIAL_TOKENS, VOCAB_SIZE, _to
 
 KINDS = ("qwen3_next", "qwen3_5_text", "qwen3_5", "qwen3_5_moe")
 MTP_MODES = ("random", "distilled")
+# "random": transformers' init (near-random text); "recall": the committed weights of
+# :mod:`.kit_train` (a target trained to continue the cycles its context shows, its MTP distilled on it)
+TARGETS = ("random", "recall")
 # Qwen3.5 / Qwen3.6 as vLLM 0.23-0.26 serve them: the multimodal classes (those lines have no
 # text-only one), run text-only (``language_model_only=True``). Their weights come from
 # :func:`qwen3_5_state_dict` (no transformers model class), their config from transformers where
@@ -353,7 +356,8 @@ def cfg_max_len() -> int:
 
 def make_tiny_model(kind: str, out_dir: str | os.PathLike, seed: int = 0, std: float = 0.2,
                     mtp_layers: int = 1, hot_tokens: int = 8, cold_scale: float = 0.05,
-                    dims: str = "cpu", max_positions: int = 512, mtp: str = "random") -> Path:
+                    dims: str = "cpu", max_positions: int = 512, mtp: str = "random",
+                    target: str = "random") -> Path:
     """Write a deterministic tiny checkpoint of ``kind`` to ``out_dir`` and return its path.
 
     ``hot_tokens`` > 0 scales the ``lm_head`` rows of every token except that many letters
@@ -365,6 +369,9 @@ def make_tiny_model(kind: str, out_dir: str | os.PathLike, seed: int = 0, std: f
     ``mtp``: "random" (transformers' init) or "distilled": the ``mtp.*`` tensors then are trained on
     the target's own greedy continuations (:mod:`mtp_distill`, deterministic, CPU, a few minutes;
     kinds with a transformers model class only); every other tensor is the same as with "random".
+    ``target``: "random", or "recall": every tensor (MTP included) from the committed weights of
+    :mod:`.kit_train` for this kind and dims (seed 0, one MTP layer, the default head; ``mtp`` must
+    stay "random": the recall weights carry their own distilled MTP layer).
     """
     import torch
     from safetensors.torch import save_file
@@ -374,6 +381,11 @@ def make_tiny_model(kind: str, out_dir: str | os.PathLike, seed: int = 0, std: f
     if mtp == "distilled" and (kind in CONDITIONAL or mtp_layers != 1):
         raise ValueError(f"mtp='distilled' needs a kind with a transformers model class and one MTP layer "
                          f"(got {kind!r}, mtp_layers={mtp_layers})")
+    if target not in TARGETS:
+        raise ValueError(f"target {target!r} not in {TARGETS}")
+    if target == "recall" and (seed, std, mtp_layers, hot_tokens, cold_scale, mtp) != (0, 0.2, 1, 8, 0.05, "random"):
+        raise ValueError("target='recall' is one committed checkpoint per kind and dims: seed 0, std 0.2, one MTP "
+                         "layer, hot_tokens 8, cold_scale 0.05, mtp 'random' (it carries its own distilled MTP)")
     cfg = config_dict(kind, std=std, mtp_layers=mtp_layers, dims=dims)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -383,6 +395,14 @@ def make_tiny_model(kind: str, out_dir: str | os.PathLike, seed: int = 0, std: f
         sd = _random_state_dict(cfg, seed)
         if mtp_layers > 0:
             sd.update(_mtp_state_dict(cfg, seed, mtp_layers))
+    if target == "recall":
+        from vllm_platform_ext.testing.kit_train import load_weights
+
+        trained = load_weights(kind, dims)
+        if set(trained) != set(sd):
+            raise CheckpointError(f"recall weights of {kind}-{dims} name other tensors than the kit's: "
+                                  f"{sorted(set(trained) ^ set(sd))[:6]}")
+        sd, hot_tokens = trained, 0  # trained: the head's scaling is in the weights
     if hot_tokens:
         scale = torch.full((cfg["vocab_size"], 1), float(cold_scale))
         scale[hot_token_ids(hot_tokens)] = 1.0
@@ -424,9 +444,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--hot-tokens", type=int, default=8)
     ap.add_argument("--dims", choices=tuple(DIMS), default="cpu")
     ap.add_argument("--mtp", choices=MTP_MODES, default="random")
+    ap.add_argument("--target", choices=TARGETS, default="random")
     a = ap.parse_args(argv)
     print(make_tiny_model(a.kind, a.out_dir, seed=a.seed, std=a.std, mtp_layers=a.mtp_layers,
-                          hot_tokens=a.hot_tokens, dims=a.dims, mtp=a.mtp))
+                          hot_tokens=a.hot_tokens, dims=a.dims, mtp=a.mtp, target=a.target))
     return 0
 
 

