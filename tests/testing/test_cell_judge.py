@@ -108,3 +108,20 @@ def test_an_engine_that_returned_fewer_tokens_fails_naming_it(monkeypatch, tmp_p
     (r,) = _run_cells(monkeypatch, tmp_path, [base], {base.id: short}).values()
     assert r.status == "fail" and r.criteria == [] and r.limit is None
     assert "returned 895 positions where the bf16 floor has 896" in r.error
+
+
+def test_a_batch_floor_family_without_its_spread_run_is_unchecked(monkeypatch):
+    """A replay of a run cut short (the spread run had not finished): the MoE family's plugin cell
+    fails as unchecked, never passes without the check; its plugin-off cell and other families are
+    judged as usual."""
+    todo = [cells.Cell("qwen3_5_moe", "mtp", 3), cells.Cell("qwen3_5_moe", "mtp", 3, plugin=False),
+            cells.Cell("qwen3_next", "mtp", 3)]
+    runs = {c: EngineRun(mode="mtp", k=3, tokens=[[5] * N] * P, num_draft_tokens=6, num_accepted_tokens=2) for c in todo}
+    monkeypatch.setattr(cell_judge, "reference_audits", lambda path, prompts, gen, mt, python=None: (
+        AuditResult(_regrets()), {k: AuditResult(_regrets()) for k in gen}))
+    got = {r.id: r for r in cell_judge.audit_cells(todo, {"qwen3_5_moe": "/m", "qwen3_next": "/n"}, {}, runs, {},
+                                                    default_prompts(), N, log=lambda *_: None)}
+    on = got["qwen3_5_moe-mtp3-auto-full_and_piecewise-on"]
+    assert on.status == "fail" and "the spread run) did not run" in on.error
+    assert got["qwen3_5_moe-mtp3-auto-full_and_piecewise-off"].status == "upstream-works"
+    assert got["qwen3_next-mtp3-auto-full_and_piecewise-on"].status == "pass"

@@ -37,7 +37,7 @@ from dataclasses import asdict, dataclass, field, replace
 
 from vllm_platform_ext.testing.audit import reference_audits
 from vllm_platform_ext.testing.bounds import ALPHA, judged
-from vllm_platform_ext.testing.cell_suites import Cell
+from vllm_platform_ext.testing.cell_suites import BATCH_FLOOR_KINDS, Cell
 from vllm_platform_ext.testing.engine import failed_patches
 from vllm_platform_ext.testing.engine_errors import HARNESS_ERRORS, error_line, harness_error
 from vllm_platform_ext.testing.identity import split_problem
@@ -225,8 +225,11 @@ def audit_cells(cells: list[Cell], models: dict, kit_errors: dict, runs: dict, s
         audit = None if run.error else mine[cell.id]
         key = _plain_key(cell, runs, spread_runs)
         crit, problems = ([], []) if audit is None else judged(audit, bf16, mine.get(key) if key else None, alpha)
-        spread, fractions, spread_problems, spread_error = _spread(
-            Cell(cell.model, "base", 0, cell.kv, cell.graphs), spread_runs, mine, bf16, alpha)
+        family = Cell(cell.model, "base", 0, cell.kv, cell.graphs)
+        spread, fractions, spread_problems, spread_error = _spread(family, spread_runs, mine, bf16, alpha)
+        if cell.model in BATCH_FLOOR_KINDS and family not in spread_runs:  # a partial run's replay: unchecked
+            spread_problems = ["plain decoding over batch compositions (the spread run) did not run: this family's "
+                               "plain decoding in other batch shapes is unchecked"]
         ident, ident_floor = _identity(cell, runs, spread_runs, mine)
         if cell.mode != "base" and ident:
             problems += [p for p in [split_problem(ident, cell.model, cell.kv)] if p]
