@@ -406,9 +406,10 @@ def test_metax_standin_suite_and_the_plugin_off_cell_keeps_vllm_metax(tmp_path, 
         seen.append((cfg.label, cfg.kv_cache_dtype, env, timeout, log_path))
         return [EngineRun(mode=cfg.mode, k=cfg.k, tokens=[[5]] * len(prompts), num_draft_tokens=6, num_accepted_tokens=2)]
 
-    class Audit:
-        def __init__(self, bad):
-            self.bad_fraction, self.positions = bad, 100
+    def Audit(bad):  # round(bad * 100) of 100 positions past both thresholds
+        from vllm_platform_ext.testing.audit import AuditResult
+
+        return AuditResult([[1.0] * round(bad * 100) + [0.0] * (100 - round(bad * 100))])
 
     refs = []
 

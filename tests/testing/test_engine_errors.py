@@ -29,7 +29,7 @@ def test_a_native_abort_is_named_by_its_python_error_not_a_stack_frame():
     assert tail.strip().splitlines()[-1].startswith("frame #")  # what the old rule (the last line) named
     assert error_line(tail) == ILLEGAL
     status, note = cells.judge(cells.Cell("qwen3_next", "mtp", 1, "turboquant_k8v4", "full_and_piecewise",
-                                          plugin=False), EngineRun(mode="mtp", k=1, error=tail), None, 0.0, 0.02)
+                                          plugin=False), EngineRun(mode="mtp", k=1, error=tail), [])
     assert (status, note) == ("upstream-crash", ILLEGAL)
 
 

@@ -32,7 +32,10 @@ BAD = [
     (["--max-tokens", "ten"], ["argument --max-tokens", "'ten' is not an integer"]),
     (["--max-num-seqs", "0"], ["argument --max-num-seqs", "0 is out of range"]),
     (["--max-num-batched-tokens", "-4"], ["argument --max-num-batched-tokens", "-4 is out of range"]),
-    (["--margin", "2"], ["argument --margin", "give 0 <= margin < 1"]),
+    (["--alpha", "2"], ["argument --alpha", "give 0 < alpha < 1"]),
+    (["--alpha", "0"], ["argument --alpha", "give 0 < alpha < 1"]),
+    (["--alpha", "often"], ["argument --alpha", "'often' is not a number"]),
+    (["--margin", "0.02"], ["argument --margin", "--margin is gone", "binomial bound in positions", "--alpha"]),
     (["--disable", "gdn.cpu_spec_decode_typo"], ["argument --disable", "unknown patch group 'gdn.cpu_spec_decode_typo'",
                                                  "did you mean 'gdn.cpu_spec_decode'", "valid names:"]),
     (["--disable", "gdn"], ["argument --disable", "prefixes are not expanded"]),
@@ -60,6 +63,8 @@ def test_good_arguments_parse():
     assert args.modes == [("base", 0), ("ngram", 1), ("mtp", 16)] and args.kinds == ["qwen3_5_text"]
     assert args.kv == ["auto", "turboquant_k8v4"] and args.disable == "gdn.cpu_spec_decode"
     assert runner.parse_args([]).modes == runner.mode_items(runner.QUICK_MODES)
+    assert runner.parse_args([]).max_tokens == 64 and runner.parse_args([]).alpha == 0.01  # 448 positions
+    assert runner.parse_args(["--alpha", "0.001"]).alpha == 0.001
     assert runner.parse_args(["--full"]).modes == runner.mode_items(runner.FULL_MODES)
     with pytest.raises(ValueError, match="unknown mode 'beam'"):
         runner.parse_modes("beam:2")  # the library form raises the same message

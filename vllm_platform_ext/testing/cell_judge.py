@@ -1,8 +1,33 @@
 """A cell judged: its engine's tokens audited against float32 (one reference process per kit model),
-the floors it is held to (bf16 transformers, plain decoding's spread over batch compositions, the
-same KV preset's plain decoding), its token identity with plain decoding, and upstream's known
-outcome of a plugin-off cell by vLLM line. Used by the runner (:mod:`.cells`) and the replay of a
-kept run (:mod:`.cell_replay`)."""
+the floors it is held to, its token identity with plain decoding, and upstream's known outcome of a
+plugin-off cell by vLLM line. Used by the runner (:mod:`.cells`) and the replay of a kept run
+(:mod:`.cell_replay`).
+
+The accuracy rule (issue 49 item 3), in positions, at each threshold of ``audit.THRESHOLDS``
+(0.5 nats and the stricter 0.1), both to pass:
+
+* every cell: its count of positions over the threshold is at most ``bounds.limit`` of the floor,
+  transformers' bf16 greedy tokens' count at that threshold (``floor_bf16``);
+* a speculative cell: the floor is the larger of that and the count of plain decoding on the same KV
+  preset, graphs, plugin setting and platform in the same run (``floor_plain``: TurboQuant quantizes,
+  its plain decoding is its own floor), that count capped at the plain cell's own limit against the
+  bf16 floor -- one limit over one floor, never a margin on a margin, and a plain cell that is itself
+  wrong cannot raise it. Where a batch-floor family has no plain cell, its spread run's own batch
+  composition (the same engine configuration) stands in;
+* a batch-floor family (``cell_suites.BATCH_FLOOR_KINDS``, the MoE form): plain decoding's spread
+  over batch compositions is no floor. Each composition is judged like a plain cell against the
+  bf16 floor (``spread``); one over its limit fails every plugin cell of that model, KV dtype and
+  graph mode, naming the composition: they ran that engine's plain decoding, and it is wrong in some
+  batch shape (a spread run that crashed fails them the same way; its harness error is theirs);
+* a speculative cell: the split rule of :func:`identity.split_problem` (a token worse than plain
+  decoding's by more than 0.5 nats at the first difference, on bf16 KV of a kit model whose experts
+  do not flip).
+
+A plugin cell fails on any of them (``error`` names each); a plugin-off cell is ``upstream-wrong``.
+``CellResult`` keeps the parts apart (``criteria``: one ``bounds.Criterion`` per threshold; the 0.5
+one's ``bad_count``, ``floor_bf16``, ``floor_plain``, ``limit`` also flat) so a reader can recompute
+the verdict with ``bounds.limit``. ``bad`` / ``floor`` (fractions) stay for the readers of older results.
+"""
 from __future__ import annotations
 
 import datetime as _dt
@@ -10,10 +35,12 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field, replace
 
-from vllm_platform_ext.testing.audit import MARGIN, passes, reference_audits
-from vllm_platform_ext.testing.cell_suites import Cell
+from vllm_platform_ext.testing.audit import reference_audits
+from vllm_platform_ext.testing.bounds import ALPHA, judged
+from vllm_platform_ext.testing.cell_suites import BATCH_FLOOR_KINDS, Cell
 from vllm_platform_ext.testing.engine import failed_patches
 from vllm_platform_ext.testing.engine_errors import HARNESS_ERRORS, error_line, harness_error
+from vllm_platform_ext.testing.identity import split_problem
 from vllm_platform_ext.testing.ranks import spec_route_problem
 
 
@@ -22,8 +49,8 @@ class CellResult:
     cell: dict
     id: str
     status: str  # pass | fail | upstream-works | upstream-wrong | upstream-crash | harness-error | kit-error
-    bad: float | None = None
-    floor: float | None = None
+    bad: float | None = None  # bad fraction at 0.5 nats (bad_count / positions)
+    floor: float | None = None  # the 0.5-nat floor the limit came from, as a fraction
     positions: int = 0
     drafts: int = 0
     draft_tokens: int = 0
@@ -37,10 +64,18 @@ class CellResult:
     ranks: list = field(default_factory=list)  # tp > 1: each worker's verify.ranks.rank_state()
     versions: dict = field(default_factory=dict)
     date: str = ""
-    floor_source: str = ""  # "bf16 transformers", or plain decoding's spread over batch compositions
+    floor_source: str = ""  # "bf16 transformers", or "plain decoding on <kv>" (the 0.5-nat criterion's)
     plain_spread: list = field(default_factory=list)  # bad fractions of plain decoding, one per composition
-    identity: list = field(default_factory=list)  # vs plain decoding on the same KV: verify.identity.compare
+    identity: list = field(default_factory=list)  # vs plain decoding on the same KV: identity.compare
     identity_floor: dict = field(default_factory=dict)  # plain decoding vs itself per batch composition
+    # the verdict's parts (2026-12-02 on; None / empty in older results): counts at 0.5 nats ...
+    bad_count: int | None = None
+    floor_bf16: int | None = None
+    floor_plain: int | None = None  # the same-KV plain cell's count, capped at its own limit; None: none
+    limit: int | None = None
+    # ... and every threshold's bounds.Criterion as a dict (0.5 nats, then 0.1)
+    criteria: list = field(default_factory=list)
+    spread: dict = field(default_factory=dict)  # batch-floor family: composition -> its criteria (vs bf16)
 
 
 def versions() -> dict:
@@ -90,8 +125,10 @@ def unlike_known_upstream(cell: Cell, result: CellResult) -> str | None:
             f"{result.status} {result.error!r}: the bug the plugin fixes did not reproduce, so this cell proves nothing")
 
 
-def judge(cell: Cell, run, audit, floor: float, margin: float) -> tuple[str, str]:
-    """(status, note) of one cell's run."""
+def judge(cell: Cell, run, criteria: list, problems: list | tuple = ()) -> tuple[str, str]:
+    """(status, note) of one cell's run: ``criteria`` (``bounds.Criterion`` per threshold; empty when
+    the run has no audit) and ``problems`` (the other accuracy findings: the spread, the split rule,
+    an audit that could not be judged) are its tokens' verdict."""
     if run.error:
         known = [m for _, _, msgs in KNOWN_UPSTREAM for m in msgs] + list(HARNESS_ERRORS)
         last = error_line(run.error, known)  # the line naming a known failure, else the exception's
@@ -106,22 +143,57 @@ def judge(cell: Cell, run, audit, floor: float, margin: float) -> tuple[str, str
     route = spec_route_problem(run, cell.kv) if cell.mode != "base" else None
     if route:  # applied is patched, not called; a route-off control must not have routed
         return ("fail" if cell.plugin else "harness-error"), route
-    ok = passes(audit.bad_fraction, floor, margin)
+    wrong = [c.text() for c in criteria if not c.ok] + list(problems)
+    if not criteria and not problems:
+        wrong = ["no position audited"]
     if cell.plugin:
-        if not ok:
-            return "fail", f"bad {audit.bad_fraction:.3f} > floor {floor:.3f} + {margin}"
+        if wrong:
+            return "fail", "; ".join(wrong)
         if cell.mode != "base" and run.num_accepted_tokens == 0:
             return "fail", "no draft accepted: the spec path was not exercised"
         return "pass", ""
-    return ("upstream-works" if ok else "upstream-wrong"), ""
+    return ("upstream-wrong" if wrong else "upstream-works"), "; ".join(wrong)
+
+
+def _spread(base: Cell, spread_runs: dict, audits: dict, bf16, alpha: float) -> tuple[dict, list, list, str]:
+    """A batch-floor family's spread run judged: ({composition: criteria dicts}, the 0.5-nat
+    fractions, problems naming each composition over its limit, the spread run's error)."""
+    run = spread_runs.get(base)
+    if run is None:
+        return {}, [], [], ""
+    if run.error:
+        return {}, [], [], run.error
+    record, fractions, problems = {}, [], []
+    for key, a in audits.items():
+        if key.startswith(f"spread|{base.id}|"):
+            name = key.rsplit("|", 1)[1]
+            crit, why = judged(a, bf16, None, alpha)
+            record[name], fractions = [c.as_dict() for c in crit], fractions + [a.bad_fraction]
+            problems += [f"plain decoding in batch composition {name!r} (the spread run): {w}"
+                         for w in why + [c.text() for c in crit if not c.ok]]
+    return record, fractions, problems, ""
+
+
+def _plain_key(cell: Cell, runs: dict, spread_runs: dict) -> str | None:
+    """The audit key of the plain decoding a speculative cell's floor also counts: the same KV preset,
+    graphs, plugin setting and platform in this run, else a batch-floor family's spread run of that
+    configuration (its own batch composition); None when neither ran."""
+    plain = replace(cell, mode="base", k=0)
+    if cell.mode == "base":
+        return None
+    if plain in runs and not runs[plain].error:
+        return plain.id
+    if plain in spread_runs and not spread_runs[plain].error:
+        return f"spread|{plain.id}|batch"
+    return None
 
 
 def audit_cells(cells: list[Cell], models: dict, kit_errors: dict, runs: dict, spread_runs: dict, prompts: list,
-                max_tokens: int, margin: float = MARGIN, log=print, reference_python: str | None = None,
+                max_tokens: int, alpha: float = ALPHA, log=print, reference_python: str | None = None,
                 ) -> list[CellResult]:
     """Audit the engines' tokens (``runs``: cell -> EngineRun; ``spread_runs``: plain decoding over
     batch compositions) against float32 in one reference process per kit model (``models``: kind ->
-    checkpoint), side by side, and judge each cell."""
+    checkpoint), side by side, and judge each cell (the module's rule, at ``alpha``)."""
     todo = [c for c in cells if c.model in models]
     floors, audits = {}, {}
 
@@ -149,28 +221,44 @@ def audit_cells(cells: list[Cell], models: dict, kit_errors: dict, runs: dict, s
                                   versions=vers, date=date, **({} if run is None else dict(
                                       init_s=run.init_s, patches=run.patches, engine_path=run.engine_path))))
             continue
-        run = runs[cell]
-        audit = None if run.error else audits[cell.model][cell.id]
-        floor, source = floors[cell.model].bad_fraction, "bf16 transformers"
-        base = Cell(cell.model, "base", 0, cell.kv, cell.graphs).id
-        plain = [a.bad_fraction for k, a in audits[cell.model].items() if k.startswith(f"spread|{base}|")]
-        if plain and max(plain) > floor:  # MoE routing flips under other batch shapes: plain decoding's own spread
-            floor, source = max(plain), f"plain decoding over {len(plain)} batch compositions"
-        same = audits[cell.model].get(replace(cell, mode="base", k=0).id)
-        if cell.mode != "base" and same is not None and same.bad_fraction > floor:
-            # the same KV preset's plain decoding in this run (TurboQuant quantizes: its own floor)
-            floor, source = same.bad_fraction, f"plain decoding on {cell.kv}"
-        status, note = judge(cell, run, audit, floor, margin)
-        ident, ident_floor = _identity(cell, runs, spread_runs, audits[cell.model])
+        run, bf16, mine = runs[cell], floors[cell.model], audits[cell.model]
+        audit = None if run.error else mine[cell.id]
+        key = _plain_key(cell, runs, spread_runs)
+        crit, problems = ([], []) if audit is None else judged(audit, bf16, mine.get(key) if key else None, alpha)
+        family = Cell(cell.model, "base", 0, cell.kv, cell.graphs)
+        spread, fractions, spread_problems, spread_error = _spread(family, spread_runs, mine, bf16, alpha)
+        if cell.model in BATCH_FLOOR_KINDS and family not in spread_runs:  # a partial run's replay: unchecked
+            spread_problems = ["plain decoding over batch compositions (the spread run) did not run: this family's "
+                               "plain decoding in other batch shapes is unchecked"]
+        ident, ident_floor = _identity(cell, runs, spread_runs, mine)
+        if cell.mode != "base" and ident:
+            problems += [p for p in [split_problem(ident, cell.model, cell.kv)] if p]
+        if cell.plugin:  # the spread ran this configuration's plain decoding with the plugin
+            problems += spread_problems
+            if spread_error and not run.error:
+                problems.append(f"plain decoding in other batch compositions (the spread run) failed: "
+                                f"{error_line(spread_error, list(HARNESS_ERRORS))}")
+        status, note = judge(cell, run, crit, problems)
+        if cell.plugin and spread_error and harness_error(spread_error) and status == "fail" and not run.error:
+            status = "harness-error"  # the spread run's start-up, not the plugin's
+        c = crit[0] if crit else None
+        source = "bf16 transformers"
+        if c and c.floor_plain is not None and c.floor_plain > c.floor_bf16:
+            source = f"plain decoding on {cell.kv}" + (f" (capped at its limit: it had {c.plain_raw})"
+                                                         if c.plain_raw != c.floor_plain else "")
         out.append(CellResult(
             cell=asdict(cell), id=cell.id, status=status,
-            bad=None if audit is None else audit.bad_fraction, floor=floor,
+            bad=None if audit is None else audit.bad_fraction,
+            floor=(c.floor / c.positions) if c else bf16.bad_fraction,
             positions=0 if audit is None else audit.positions, drafts=run.num_drafts,
             draft_tokens=run.num_draft_tokens, accepted=run.num_accepted_tokens, init_s=run.init_s,
-            generate_s=run.generate_s, error=note if run.error or status == "fail" else "",
+            generate_s=run.generate_s, error=note if run.error or status not in ("pass", "upstream-works") else "",
             error_tail=run.error[-4000:],
             patches=run.patches, engine_path=run.engine_path, ranks=run.ranks, versions=vers, date=date,
-            floor_source=source, plain_spread=plain, identity=ident, identity_floor=ident_floor))
+            floor_source=source, plain_spread=fractions, identity=ident, identity_floor=ident_floor,
+            bad_count=None if audit is None else audit.bad, floor_bf16=bf16.bad,
+            floor_plain=c.floor_plain if c else None, limit=c.limit if c else None,
+            criteria=[x.as_dict() for x in crit], spread=spread))
     return out
 
 

@@ -111,9 +111,10 @@ def replay(path: Path, work: Path, reference_python: str | None = None, log=prin
                              f"checkpoint (sha256 {here[:12]} here, {digest[:12]} there): its audit would not be "
                              "of the weights the engines ran")
     log(f"[replay] {len(runs)} cells, {len(spread_runs)} spread runs; checkpoints match: {', '.join(models)}")
-    if data.get("pending"):  # a floor only loses inputs: a missing engine can make a verdict stricter, never looser
-        log(f"[replay] a partial run: {data['pending']} engine(s) had not finished; a cell whose floor needed one "
-            "is judged against the floor of the engines that did")
+    if data.get("pending"):  # a missing engine can make a verdict stricter, never looser
+        log(f"[replay] a partial run: {data['pending']} engine(s) had not finished; a speculative cell whose plain "
+            "cell had not is judged against the bf16 floor alone, a batch-floor family's plugin cells whose spread "
+            "run had not fail as unchecked")
     return audit_cells(list(runs), models, {}, runs, spread_runs, data["prompts"], data["max_tokens"],
                        log=log, reference_python=reference_python)
 

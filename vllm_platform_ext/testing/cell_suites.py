@@ -169,11 +169,17 @@ def select(suite: str, shard: str = "1/1") -> list[Cell]:
 
 
 MEMORY_MODES = ("kv-bytes", "utilization")
+# 128 greedy tokens a prompt: 7 x 128 = 896 audited positions (32 before 2026-12-02: 224 positions, where
+# the mildest real bug seen, 9 bad, would pass beside a plain cell at 4 bad, limit 11; at 896 positions the
+# same rate is 36 bad against the same limit). The longest prompt (120 tokens) + 128 = 248 stays inside the
+# 256-token context with room for k = 3 drafts (tests/testing/test_cell_judge.py checks it).
+MAX_TOKENS = 128
+MAX_MODEL_LEN = 256
 KV_CACHE_BYTES = 2 << 30  # per engine: ample for 8 sequences of 256 tokens plus the GDN state of the tiny models
 
 
 def settings_for(suite: str, parallel: int, memory: str = "") -> EngineSettings:
-    """The suite's engine settings. GPU memory: ``kv-bytes`` (default) gives each engine its KV cache
+    """The suite's engine settings (:data:`MAX_TOKENS` a prompt, chunked prefill at 32 tokens a step). GPU memory: ``kv-bytes`` (default) gives each engine its KV cache
     explicitly (``kv_cache_memory_bytes``, where the line has it: vLLM then skips the memory
     profiling that side-by-side engines trip); ``utilization`` gives each engine 0.8/N of the GPU
     (profiled: run such cells one after another, ``parallel`` 1). Both set the 0.8/N share, which
@@ -183,5 +189,5 @@ def settings_for(suite: str, parallel: int, memory: str = "") -> EngineSettings:
         raise ValueError(f"memory {memory!r}: choose one of {MEMORY_MODES}")
     share = 0.0 if suite == "cpu" else round(0.8 / max(1, parallel), 2)
     kv_bytes = KV_CACHE_BYTES if suite != "cpu" and memory == "kv-bytes" else 0
-    return EngineSettings(max_tokens=32, max_num_batched_tokens=32, max_num_seqs=8, max_model_len=256,
+    return EngineSettings(max_tokens=MAX_TOKENS, max_num_batched_tokens=32, max_num_seqs=8, max_model_len=MAX_MODEL_LEN,
                           gpu_memory_utilization=share, kv_cache_memory_bytes=kv_bytes)

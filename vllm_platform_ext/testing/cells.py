@@ -5,8 +5,9 @@ The cells and their suites are :mod:`.cell_suites`.
 
 A cell is one ``LLM`` on a tiny kit model, greedy over :func:`prompts.default_prompts` with
 chunked prefill at 32 tokens a step, so the long prompts' prefill chunks share steps with
-decoding and verifying requests. With the plugin every cell must stay at the plain-decoding
-floor of the float32 transformers audit and, when speculative, have drafts accepted. Without
+decoding and verifying requests. With the plugin every cell must stay within the binomial limit
+of its floor in the float32 transformers audit, at 0.5 and at 0.1 nats (:mod:`.cell_judge` has the
+rule) and, when speculative, have drafts accepted. Without
 the plugin a cell records what upstream does (works / wrong tokens / crash with its message):
 facts for the table, not assertions.
 
@@ -25,7 +26,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 
-from vllm_platform_ext.testing.audit import MARGIN
+from vllm_platform_ext.testing.bounds import ALPHA
 from vllm_platform_ext.testing.cell_judge import _plain_siblings, audit_cells
 from vllm_platform_ext.testing.cell_replay import RunsFile  # the engines' tokens, kept as they finish
 from vllm_platform_ext.testing.cell_suites import BATCH_FLOOR_KINDS, MEMORY_MODES, SUITES, Cell, select, settings_for
@@ -42,7 +43,7 @@ from vllm_platform_ext.testing.cells_report import markdown, write_results  # no
 
 
 def run_cells(cells: list[Cell], work: Path, settings: EngineSettings, parallel: int = 1,
-              margin: float = MARGIN, dims: str = "gpu", timeout: float = 1800, log=print,
+              alpha: float = ALPHA, dims: str = "gpu", timeout: float = 1800, log=print,
               reference_python: str | None = None, log_dir: Path | None = None,
               engine_env: dict | None = None, plugins_off: str = "") -> list[CellResult]:
     """Each cell in its own engine process (``parallel`` at a time), audited against float32 in a
@@ -95,7 +96,7 @@ def run_cells(cells: list[Cell], work: Path, settings: EngineSettings, parallel:
     runs, spread_runs = dict(zip(todo, done[:len(todo)])), dict(zip(spread, done[len(todo):]))
     if kept is not None:
         kept.finish(runs, spread_runs)
-    return audit_cells(cells, models, kit_errors, runs, spread_runs, prompts, settings.max_tokens, margin, log,
+    return audit_cells(cells, models, kit_errors, runs, spread_runs, prompts, settings.max_tokens, alpha, log,
                        reference_python)
 
 

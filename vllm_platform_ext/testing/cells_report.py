@@ -23,8 +23,9 @@ def markdown(results: list) -> str:
                     if r.engine_path.get("device") or r.engine_path.get("cpu_path")), "?")
         vers = ", ".join(f"{k} {v}" for k, v in first.versions.items())
         lines += [f"Measured {first.date} on {dev}; {vers}.", ""]
-    lines += ["| model | spec | KV | graphs | platform | with the plugin | bad / floor | accepted | init s | gen s "
-              "| upstream (plugin off) | tokens vs plain decoding |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines += ["| model | spec | KV | graphs | platform | with the plugin | bad of positions (limit; floor) at 0.5 / 0.1 nats "
+              "| accepted | init s | gen s | upstream (plugin off) | tokens vs plain decoding |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
 
     def fmt(r):
         if r is None:
@@ -38,7 +39,7 @@ def markdown(results: list) -> str:
         on, off = pair.get("on"), pair.get("off")
         spec = "none" if c["mode"] == "base" else f"{c['mode']} k={c['k']}"
         ref = on or off
-        bad = "—" if ref.bad is None else f"{ref.bad:.3f} / {ref.floor:.3f}"
+        bad = _bad_text(ref)
         acc = "—" if c["mode"] == "base" else f"{ref.accepted}/{ref.draft_tokens}"
         model = c["model"] + (f" (TP={c['tp']})" if c.get("tp", 1) > 1 else "")
         graphs = c["graphs"] + (f" ({c['disable']} off)" if c.get("disable") else "")
@@ -46,6 +47,27 @@ def markdown(results: list) -> str:
                      f"{fmt(on)} | {bad} | {acc} | {ref.init_s:.0f} | {ref.generate_s:.1f} | {fmt(off)} | "
                      f"{_identity_text(ref)} |")
     return "\n".join(lines) + "\n"
+
+
+def _criterion_text(c: dict) -> str:
+    """``"3/896 (<= 11; bf16 2, plain 4)"``: a criterion of ``CellResult.criteria``; ``>`` where it fails."""
+    floor = f"bf16 {c['floor_bf16']}" + (f", plain {c['floor_plain']}" if c.get("floor_plain") is not None else "")
+    return f"{c['count']}/{c['positions']} ({'<=' if c['count'] <= c['limit'] else '>'} {c['limit']}; {floor})"
+
+
+def _bad_text(r) -> str:
+    """Each threshold's count against its limit and floor (results judged before 2026-12-02: the
+    bad fraction / floor), and a batch-floor family's worst spread composition at 0.5 nats."""
+    if r.bad is None:
+        return "—"
+    if not r.criteria:
+        return f"{r.bad:.3f} / {r.floor:.3f}"
+    text = " / ".join(_criterion_text(c) for c in r.criteria)
+    worst = max(((name, cs[0]) for name, cs in (r.spread or {}).items() if cs), key=lambda x: x[1]["count"] - x[1]["limit"],
+                default=None)
+    if worst:
+        text += f"; plain decoding over batch compositions, worst {worst[0]}: {_criterion_text(worst[1])}"
+    return text
 
 
 def _identity_text(r) -> str:

@@ -2,13 +2,20 @@
 
 For each model kind: write the kit checkpoint (or use ``--model-dir``), run vLLM on the
 default prompts for every mode (one engine subprocess, configs in turn, in-process there),
-audit each run's tokens under transformers float32 and print one table row per mode:
-``bad`` fraction of positions with regret > 0.5 nats, the bf16 ``floor`` of the same model,
-draft/accept counts and PASS/FAIL. Exit code 0 when every row passes.
+audit each run's tokens under transformers float32 and print one table row per mode: the
+count of positions whose regret exceeds 0.5 nats and, stricter, 0.1 nats, each with its floor
+(transformers bf16 greedy's count at that threshold) and its limit, draft/accept counts and
+PASS/FAIL. Exit code 0 when every row passes.
 
-A row fails when bad > floor + margin, when the engine raised, when a plugin patch group failed
-in the engine (a fix its probe calls needed whose target is missing), or when a speculative
-mode proposed no draft at all (then it would prove nothing).
+A row passes when both counts are within their limits: the ``(1 - alpha)`` binomial quantile of
+the floor's rate (``testing.bounds.limit``, in positions). A speculative row's floor is the larger
+of the bf16 floor and the same KV dtype's plain (``base``) row, that row's count capped at its own
+limit against the bf16 floor: one limit, no margin on a margin. A row also fails when the engine
+raised, when a plugin patch group failed in the engine (a fix its probe calls needed whose target
+is missing), when a speculative mode proposed or accepted no draft (then it would prove nothing),
+when an applied route routed no call, and when its tokens part from the plain row's with the
+speculative token worse by more than 0.5 nats in float32 (``testing.identity.split_problem``,
+on bf16 KV of a kit model whose experts do not flip).
 """
 from __future__ import annotations
 
@@ -19,13 +26,15 @@ import shutil
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from vllm_platform_ext.testing.audit import BAD_NATS, MARGIN, passes, reference_audits
+from vllm_platform_ext.testing.audit import BAD_NATS, STRICT_NATS, reference_audits
+from vllm_platform_ext.testing.bounds import ALPHA, judged
 from vllm_platform_ext.testing.cpu_paths import NO_AVX512_BF16, PATHS, env_for
 from vllm_platform_ext.testing.engine import (GRAPH_MODES, MODES, EngineConfig, EngineRun, EngineSettings,
                                              EngineSubprocessError, failed_patches, run_in_subprocess)
+from vllm_platform_ext.testing.identity import compare, split_problem
 from vllm_platform_ext.testing.prompts import LENGTHS, default_prompts
 from vllm_platform_ext.testing.ranks import rank_lines, spec_route_problem
 from vllm_platform_ext.testing.tiny_models import (CPU_KINDS, DIMS, GPU_KINDS, KINDS, TARGETS, check_checkpoint,
@@ -155,9 +164,12 @@ class Row:
     graphs: str = "eager"
     log: str = ""  # the engine subprocess's whole output, kept when a row fails
     tp: int = 1
+    criteria: list = field(default_factory=list)  # bounds.Criterion dicts, 0.5 nats then 0.1
 
 
-def judge(run, audit, floor: float, margin: float) -> tuple[bool, str]:
+def judge(run, criteria: list, problems: list | tuple = ()) -> tuple[bool, str]:
+    """(passed, note) of one row: ``criteria`` (``bounds.Criterion`` per threshold; empty when the run
+    has no audit) and ``problems`` (the split rule, an audit that could not be judged)."""
     if run.error:
         return False, run.error.strip()  # the whole message (vLLM's validation errors span lines)
     if failed_patches(run):  # a needed fix did not land: the tokens may be right by chance only
@@ -169,11 +181,23 @@ def judge(run, audit, floor: float, margin: float) -> tuple[bool, str]:
         return False, route
     if run.mode != "base" and run.num_accepted_tokens == 0:  # right tokens prove nothing of the accept path
         return False, f"no draft accepted of {run.num_draft_tokens}: the acceptance path was not exercised"
-    return passes(audit.bad_fraction, floor, margin), ""
+    wrong = [c.text() for c in criteria if not c.ok] + list(problems)
+    if not criteria and not problems:
+        wrong = ["no position audited"]
+    return not wrong, "; ".join(wrong)
+
+
+def _plain_index(runs, i: int) -> int | None:
+    """The plain (base) run of the same KV dtype, graphs and TP as speculative run ``i``, or None."""
+    run = runs[i]
+    if run.mode == "base":
+        return None
+    return next((j for j, r in enumerate(runs) if r.mode == "base" and not r.error and
+                 (r.kv_cache_dtype, r.graphs, r.tp) == (run.kv_cache_dtype, run.graphs, run.tp)), None)
 
 
 def audit_kind(kind: str, model_dir: Path, configs: list[EngineConfig], settings: EngineSettings,
-               margin: float, env: dict | None, log=print, log_path: str | None = None) -> list[Row]:
+               alpha: float, env: dict | None, log=print, log_path: str | None = None) -> list[Row]:
     prompts = default_prompts()
     t0 = time.perf_counter()
     try:
@@ -190,45 +214,59 @@ def audit_kind(kind: str, model_dir: Path, configs: list[EngineConfig], settings
     # the float32 reference in its own process (VPE_REFERENCE_PYTHON: a transformers that has the model)
     floor_res, audits = reference_audits(str(model_dir), prompts, {str(i): r.tokens for i, r in enumerate(runs)
                                                                    if not r.error}, settings.max_tokens)
-    floor = floor_res.bad_fraction
     rows = []
     for i, run in enumerate(runs):
-        if run.error:
-            bad, positions = float("nan"), 0
-            ok, note = judge(run, None, floor, margin)
-        else:
-            a = audits[str(i)]
-            bad, positions = a.bad_fraction, a.positions
-            ok, note = judge(run, a, floor, margin)
-        rows.append(Row(kind, run.mode, run.k, bad, floor, positions, run.num_drafts,
-                        run.num_draft_tokens, run.num_accepted_tokens, run.init_s,
-                        run.generate_s, ok, note, run.kv_cache_dtype, run.graphs, log_path or "", run.tp))
+        crit, problems = [], []
+        if not run.error:
+            a, j = audits[str(i)], _plain_index(runs, i)
+            crit, problems = judged(a, floor_res, None if j is None else audits[str(j)], alpha)
+            if j is not None:
+                ident = compare(run.tokens, runs[j].tokens, a.regrets, audits[str(j)].regrets)
+                problems += [p for p in [split_problem(ident, kind, run.kv_cache_dtype)] if p]
+        ok, note = judge(run, crit, problems)
+        c = crit[0] if crit else None
+        bad = float("nan") if run.error else audits[str(i)].bad_fraction
+        floor = (c.floor / c.positions) if c else floor_res.bad_fraction
+        rows.append(Row(kind, run.mode, run.k, bad, floor, 0 if run.error else audits[str(i)].positions,
+                        run.num_drafts, run.num_draft_tokens, run.num_accepted_tokens, run.init_s,
+                        run.generate_s, ok, note, run.kv_cache_dtype, run.graphs, log_path or "", run.tp,
+                        [x.as_dict() for x in crit]))
     return rows
 
 
-def format_table(rows: list[Row], margin: float) -> str:
+def _counts(r: Row, i: int) -> str:
+    """``"3/9/11"``: threshold ``i``'s count / floor / limit of a row; ``"err"`` where none."""
+    if len(r.criteria) <= i:
+        return "err"
+    c = r.criteria[i]
+    return f"{c['count']}/{max(c['floor_bf16'], c['floor_plain'] or 0)}/{c['limit']}"
+
+
+def format_table(rows: list[Row], alpha: float = ALPHA) -> str:
     extra = any(r.kv != "auto" or r.graphs != "eager" for r in rows)
     tp = any(r.tp > 1 for r in rows)
+    n = next((r.positions for r in rows if r.positions), 0)
     head = (f"{'model':<13} {'mode':<6} {'k':>2} " + (f"{'tp':>2} " if tp else "")
             + (f"{'kv':<9} {'graphs':<18} " if extra else "")
-            + f"{'bad':>6} {'floor':>6} {'limit':>6} {'drafts':>6} {'acc/draft':>10} {'init s':>6} {'gen s':>6}  result")
+            + f"{f'>{BAD_NATS:g}':>11} {f'>{STRICT_NATS:g}':>11} {'drafts':>6} {'acc/draft':>10} {'init s':>6} "
+              f"{'gen s':>6}  result")
     lines = [head, "-" * len(head)]
     for r in rows:
         cfg = f"{r.kv.removeprefix('turboquant_'):<9} {r.graphs:<18} " if extra else ""
-        bad = "  err " if r.bad != r.bad else f"{r.bad:6.3f}"
         acc = "-" if r.mode == "base" else f"{r.accepted}/{r.draft_tokens}"
         res = "PASS" if r.passed else "FAIL"
         note, *more = r.note.splitlines() or [""]
         tp_col = f"{r.tp:>2} " if tp else ""
-        lines.append(f"{r.model:<13} {r.mode:<6} {r.k:>2} {tp_col}{cfg}{bad} {r.floor:6.3f} "
-                     f"{r.floor + margin:6.3f} {r.drafts:>6} {acc:>10} {r.init_s:6.1f} "
+        lines.append(f"{r.model:<13} {r.mode:<6} {r.k:>2} {tp_col}{cfg}{_counts(r, 0):>11} {_counts(r, 1):>11} "
+                     f"{r.drafts:>6} {acc:>10} {r.init_s:6.1f} "
                      f"{r.generate_s:6.1f}  {res}{'  (' + note + ')' if note else ''}")
         lines += [f"    {ln}" for ln in more]
         if not r.passed and r.log:
             lines.append(f"    engine log: {r.log}")
-    lines.append(f"bad = fraction of generated positions whose regret under transformers float32 "
-                 f"exceeds {BAD_NATS} nats; floor = the same for transformers bf16 greedy; "
-                 f"limit = floor + {margin}")
+    lines.append(f">N = bad/floor/limit: of the {n} generated positions, those whose regret under transformers "
+                 f"float32 exceeds N nats; floor = the same for transformers bf16 greedy (a speculative row: or its "
+                 f"plain row's, capped at that row's limit); limit = the {1 - alpha:g} binomial quantile at the "
+                 f"floor's rate (testing/bounds.py)")
     return "\n".join(lines)
 
 
@@ -256,14 +294,19 @@ def _int_range(low: int, high: int | None = None):
     return _arg(check)
 
 
-def _margin(text: str) -> float:
+def _alpha(text: str) -> float:
     try:
         value = float(text)
     except ValueError:
         raise ValueError(f"{text!r} is not a number") from None
-    if not 0.0 <= value < 1.0:
-        raise ValueError(f"{value} is not a fraction of positions: give 0 <= margin < 1")
+    if not 0.0 < value < 1.0:
+        raise ValueError(f"{value} is not a probability: give 0 < alpha < 1")
     return value
+
+
+def _margin(text: str) -> float:
+    raise ValueError("--margin is gone (2026-12-02): a row's limit is a binomial bound in positions on its floor's "
+                     "count; set its false-failure probability with --alpha")
 
 
 def _disable(text: str) -> str:
@@ -283,6 +326,11 @@ def _model_dir(text: str) -> str:
 
 # The kit's engine settings: prompts up to max(LENGTHS) tokens in a max_model_len context.
 MAX_TOKENS = EngineSettings().max_model_len - max(LENGTHS)
+# 7 prompts x 64 = 448 audited positions (32 before 2026-12-02: 224). Not the GPU cells' 128: on the
+# CPU host a row's generation took 0.3-2.7 s at 32 tokens beside 2-4 s of start-up a row and ~30 s of
+# engine runs a kind (results/cpu/2026-11-27-verify); generation and the reference's bf16 greedy floor
+# grow linearly in tokens, so 64 doubles the positions for seconds a kind, where 128 would add ~4x.
+DEFAULT_MAX_TOKENS = 64
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -302,13 +350,15 @@ def build_parser() -> argparse.ArgumentParser:
                     help="the kit's weights: recall (default: a target trained to continue the cycles its prompt "
                          "shows and its distilled MTP layer, committed; drafts accepted like a real model's) or "
                          "random (transformers' init, --seed)")
-    ap.add_argument("--max-tokens", type=_int_range(1, MAX_TOKENS), default=32,
+    ap.add_argument("--max-tokens", type=_int_range(1, MAX_TOKENS), default=DEFAULT_MAX_TOKENS,
                     help=f"tokens generated per prompt (1..{MAX_TOKENS}: the longest prompt has {max(LENGTHS)} "
                          f"tokens, the context {EngineSettings().max_model_len})")
     ap.add_argument("--max-num-batched-tokens", type=_int_range(1), default=32)
     ap.add_argument("--max-num-seqs", type=_int_range(1), default=8)
-    ap.add_argument("--margin", type=_arg(_margin), default=MARGIN,
-                    help=f"allowed bad fraction above the bf16 floor (default {MARGIN})")
+    ap.add_argument("--alpha", type=_arg(_alpha), default=ALPHA,
+                    help=f"probability that a row at its floor's rate fails its limit (default {ALPHA}): the "
+                         "limit is the (1 - alpha) binomial quantile in positions")
+    ap.add_argument("--margin", type=_arg(_margin), help=argparse.SUPPRESS)  # gone: says so
     ap.add_argument("--disable", default="", type=_arg(_disable),
                     help="plugin patch groups to turn off in the engine (VLLM_PLATFORM_EXT_DISABLE), "
                          "e.g. gdn.cpu_spec_decode")
@@ -388,12 +438,12 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"verify: --kit {args.kit}: {exc}", file=sys.stderr)
                 return 2
         for kind, path in targets:
-            rows += audit_kind(kind, path, configs, settings, args.margin, env, log_path=str(logs / f"engine-{kind}.log"))
+            rows += audit_kind(kind, path, configs, settings, args.alpha, env, log_path=str(logs / f"engine-{kind}.log"))
     ok = bool(rows) and all(r.passed for r in rows)
     if ok and not args.work_dir:  # nothing to look at: drop the temporary logs
         shutil.rmtree(logs, ignore_errors=True)
         rows = [Row(**{**asdict(r), "log": ""}) for r in rows]
-    print(format_table(rows, args.margin))
+    print(format_table(rows, args.alpha))
     if args.json:
         Path(args.json).write_text(json.dumps([asdict(r) for r in rows], indent=1))
     if not ok:
