@@ -55,6 +55,7 @@ class CellResult:
     drafts: int = 0
     draft_tokens: int = 0
     accepted: int = 0
+    accepted_per_pos: list = field(default_factory=list)  # verify steps accepting >= j drafts, j = 1..k
     init_s: float = 0.0
     generate_s: float = 0.0
     error: str = ""
@@ -125,7 +126,19 @@ def unlike_known_upstream(cell: Cell, result: CellResult) -> str | None:
             f"{result.status} {result.error!r}: the bug the plugin fixes did not reproduce, so this cell proves nothing")
 
 
-def judge(cell: Cell, run, criteria: list, problems: list | tuple = ()) -> tuple[str, str]:
+def accept_problem(cell: Cell, run, kit: str = "recall") -> str | None:
+    """Why a speculative cell's run did not exercise its accept paths (:func:`acceptance.problem`), on the
+    recall kit: every draft position accepted ``MIN_PER_POS`` times, MTP k=3 at a real model's mean
+    acceptance length with each exact path run; None for plain cells and the random kit (the kit before
+    2026-12-02, whose drafts are almost never accepted: one accepted draft is all it can show)."""
+    if cell.mode == "base" or kit != "recall":
+        return None
+    mtp3 = (cell.mode, cell.k) == ("mtp", 3)
+    return acceptance.problem(run, min_length=acceptance.MIN_MTP_LENGTH_K3 if mtp3 else 0.0,
+                              min_path_steps=acceptance.MIN_PATH_STEPS if mtp3 else 0)
+
+
+def judge(cell: Cell, run, criteria: list, problems: list | tuple = (), kit: str = "recall") -> tuple[str, str]:
     """(status, note) of one cell's run: ``criteria`` (``bounds.Criterion`` per threshold; empty when
     the run has no audit) and ``problems`` (the other accuracy findings: the spread, the split rule,
     an audit that could not be judged) are its tokens' verdict."""
@@ -151,6 +164,9 @@ def judge(cell: Cell, run, criteria: list, problems: list | tuple = ()) -> tuple
             return "fail", "; ".join(wrong)
         if cell.mode != "base" and run.num_accepted_tokens == 0:
             return "fail", "no draft accepted: the spec path was not exercised"
+        why = accept_problem(cell, run, kit)
+        if why:  # right tokens prove nothing of the accept paths that never ran
+            return "fail", why
         return "pass", ""
     return ("upstream-wrong" if wrong else "upstream-works"), "; ".join(wrong)
 
@@ -190,10 +206,12 @@ def _plain_key(cell: Cell, runs: dict, spread_runs: dict) -> str | None:
 
 def audit_cells(cells: list[Cell], models: dict, kit_errors: dict, runs: dict, spread_runs: dict, prompts: list,
                 max_tokens: int, alpha: float = ALPHA, log=print, reference_python: str | None = None,
-                ) -> list[CellResult]:
+                kit: str = "random") -> list[CellResult]:
     """Audit the engines' tokens (``runs``: cell -> EngineRun; ``spread_runs``: plain decoding over
     batch compositions) against float32 in one reference process per kit model (``models``: kind ->
-    checkpoint), side by side, and judge each cell (the module's rule, at ``alpha``)."""
+    checkpoint), side by side, and judge each cell (the module's rule, at ``alpha``). ``kit``: the
+    kit the checkpoints are (``make_tiny_model``'s ``target``): on "recall", plugin cells must also show
+    their accept paths ran (:func:`accept_problem`)."""
     todo = [c for c in cells if c.model in models]
     floors, audits = {}, {}
 
@@ -238,7 +256,7 @@ def audit_cells(cells: list[Cell], models: dict, kit_errors: dict, runs: dict, s
             if spread_error and not run.error:
                 problems.append(f"plain decoding in other batch compositions (the spread run) failed: "
                                 f"{error_line(spread_error, list(HARNESS_ERRORS))}")
-        status, note = judge(cell, run, crit, problems)
+        status, note = judge(cell, run, crit, problems, kit)
         if cell.plugin and spread_error and harness_error(spread_error) and status == "fail" and not run.error:
             status = "harness-error"  # the spread run's start-up, not the plugin's
         c = crit[0] if crit else None
@@ -251,7 +269,8 @@ def audit_cells(cells: list[Cell], models: dict, kit_errors: dict, runs: dict, s
             bad=None if audit is None else audit.bad_fraction,
             floor=(c.floor / c.positions) if c else bf16.bad_fraction,
             positions=0 if audit is None else audit.positions, drafts=run.num_drafts,
-            draft_tokens=run.num_draft_tokens, accepted=run.num_accepted_tokens, init_s=run.init_s,
+            draft_tokens=run.num_draft_tokens, accepted=run.num_accepted_tokens,
+            accepted_per_pos=list(run.accepted_per_pos or []), init_s=run.init_s,
             generate_s=run.generate_s, error=note if run.error or status not in ("pass", "upstream-works") else "",
             error_tail=run.error[-4000:],
             patches=run.patches, engine_path=run.engine_path, ranks=run.ranks, versions=vers, date=date,

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import tempfile
 import time
@@ -45,7 +46,7 @@ from vllm_platform_ext.testing.cells_report import markdown, write_results  # no
 def run_cells(cells: list[Cell], work: Path, settings: EngineSettings, parallel: int = 1,
               alpha: float = ALPHA, dims: str = "gpu", timeout: float = 1800, log=print,
               reference_python: str | None = None, log_dir: Path | None = None,
-              engine_env: dict | None = None, plugins_off: str = "") -> list[CellResult]:
+              engine_env: dict | None = None, plugins_off: str = "", kit: str | None = None) -> list[CellResult]:
     """Each cell in its own engine process (``parallel`` at a time), audited against float32 in a
     reference process (:func:`audit.reference_audits`; ``reference_python`` or
     ``VPE_REFERENCE_PYTHON``: a transformers that knows the model). A checkpoint the kit cannot
@@ -54,13 +55,14 @@ def run_cells(cells: list[Cell], work: Path, settings: EngineSettings, parallel:
     ``harness-error``); ``log_dir``: each engine's whole log is kept there as ``<cell id>.log``.
     ``engine_env``: added to every engine process's environment (not the reference's): a stand-in's
     ``PYTHONPATH`` and switches; ``plugins_off``: see :meth:`Cell.env`."""
+    kit = kit or os.environ.get("VPE_KIT", "recall")  # the kit's weights (make_tiny_model's target)
     prompts = default_prompts()
     if log_dir is not None:
         Path(log_dir).mkdir(parents=True, exist_ok=True)
     models, kit_errors = {}, {}
     for kind in sorted({c.model for c in cells}):
         try:
-            models[kind] = make_tiny_model(kind, work / kind, dims=dims)
+            models[kind] = make_tiny_model(kind, work / kind, dims=dims, target=kit)
         except Exception as exc:  # our kit's failure: every cell of the family fails with it
             kit_errors[kind] = f"kit: cannot write {kind}: {type(exc).__name__}: {exc}"[:400]
     todo = [c for c in cells if c.model in models]
@@ -97,7 +99,7 @@ def run_cells(cells: list[Cell], work: Path, settings: EngineSettings, parallel:
     if kept is not None:
         kept.finish(runs, spread_runs)
     return audit_cells(cells, models, kit_errors, runs, spread_runs, prompts, settings.max_tokens, alpha, log,
-                       reference_python)
+                       reference_python, kit=kit)
 
 
 def main(argv=None) -> int:

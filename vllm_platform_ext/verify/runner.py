@@ -37,6 +37,7 @@ from vllm_platform_ext.testing.engine import (GRAPH_MODES, MODES, EngineConfig, 
 from vllm_platform_ext.testing.identity import compare, split_problem
 from vllm_platform_ext.testing.prompts import LENGTHS, default_prompts
 from vllm_platform_ext.testing.ranks import rank_lines, spec_route_problem
+from vllm_platform_ext.testing import acceptance
 from vllm_platform_ext.testing.tiny_models import (CPU_KINDS, DIMS, GPU_KINDS, KINDS, TARGETS, check_checkpoint,
                                                     make_tiny_model)
 
@@ -196,8 +197,22 @@ def _plain_index(runs, i: int) -> int | None:
                  (r.kv_cache_dtype, r.graphs, r.tp) == (run.kv_cache_dtype, run.graphs, run.tp)), None)
 
 
+def accept_problem(run) -> str | None:
+    """A speculative row of the recall kit whose accept paths did not run often enough
+    (:func:`acceptance.problem`: every draft position accepted ``MIN_PER_POS`` times; MTP k=3 at a real
+    model's mean acceptance length, each exact path ``MIN_PATH_STEPS`` times); None otherwise."""
+    if run.mode == "base" or run.error:
+        return None
+    mtp3 = (run.mode, run.k) == ("mtp", 3)
+    return acceptance.problem(run, min_length=acceptance.MIN_MTP_LENGTH_K3 if mtp3 else 0.0,
+                              min_path_steps=acceptance.MIN_PATH_STEPS if mtp3 else 0)
+
+
 def audit_kind(kind: str, model_dir: Path, configs: list[EngineConfig], settings: EngineSettings,
-               alpha: float, env: dict | None, log=print, log_path: str | None = None) -> list[Row]:
+               alpha: float, env: dict | None, log=print, log_path: str | None = None,
+               recall_kit: bool = False) -> list[Row]:
+    """``recall_kit``: the checkpoint is the recall kit's, whose drafts must be accepted like a real
+    model's (:func:`accept_problem`); a user's checkpoint or the random kit is held to one accepted draft."""
     prompts = default_prompts()
     t0 = time.perf_counter()
     try:
@@ -223,6 +238,8 @@ def audit_kind(kind: str, model_dir: Path, configs: list[EngineConfig], settings
             if j is not None:
                 ident = compare(run.tokens, runs[j].tokens, a.regrets, audits[str(j)].regrets)
                 problems += [p for p in [split_problem(ident, kind, run.kv_cache_dtype)] if p]
+            if recall_kit:
+                problems += [p for p in [accept_problem(run)] if p]
         ok, note = judge(run, crit, problems)
         c = crit[0] if crit else None
         bad = float("nan") if run.error else audits[str(i)].bad_fraction
@@ -438,7 +455,8 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"verify: --kit {args.kit}: {exc}", file=sys.stderr)
                 return 2
         for kind, path in targets:
-            rows += audit_kind(kind, path, configs, settings, args.alpha, env, log_path=str(logs / f"engine-{kind}.log"))
+            rows += audit_kind(kind, path, configs, settings, args.alpha, env, log_path=str(logs / f"engine-{kind}.log"),
+                               recall_kit=not args.model_dir and args.kit == "recall")
     ok = bool(rows) and all(r.passed for r in rows)
     if ok and not args.work_dir:  # nothing to look at: drop the temporary logs
         shutil.rmtree(logs, ignore_errors=True)
