@@ -20,6 +20,7 @@ import threading
 from dataclasses import asdict, fields
 from pathlib import Path
 
+from vllm_platform_ext.testing import cell_tokens
 from vllm_platform_ext.testing.cell_judge import audit_cells
 from vllm_platform_ext.testing.cell_suites import Cell
 from vllm_platform_ext.testing.cells_report import report
@@ -98,9 +99,11 @@ def load_runs(path: Path) -> tuple[dict, dict, dict]:
     return data, rebuild(data["runs"]), rebuild(data["spread"])
 
 
-def replay(path: Path, work: Path, reference_python: str | None = None, log=print) -> list:
+def replay(path: Path, work: Path, reference_python: str | None = None, log=print,
+           tokens_path: Path | None = None) -> list:
     """The cells of ``runs.json`` audited and judged here; raises ``ValueError`` naming the kit model
-    whose checkpoint, written again here, differs from the one the engines ran."""
+    whose checkpoint, written again here, differs from the one the engines ran. ``tokens_path``: the
+    token sidecar of these results to write (:mod:`.cell_tokens`; its bf16 floor is this host's)."""
     data, runs, spread_runs = load_runs(path)
     models = {}
     for kind, digest in sorted(data["checkpoints"].items()):
@@ -114,19 +117,26 @@ def replay(path: Path, work: Path, reference_python: str | None = None, log=prin
     if data.get("pending"):  # a floor only loses inputs: a missing engine can make a verdict stricter, never looser
         log(f"[replay] a partial run: {data['pending']} engine(s) had not finished; a cell whose floor needed one "
             "is judged against the floor of the engines that did")
-    return audit_cells(list(runs), models, {}, runs, spread_runs, data["prompts"], data["max_tokens"],
-                       log=log, reference_python=reference_python)
+    with cell_tokens.FloorTokens() as floors:
+        results = audit_cells(list(runs), models, {}, runs, spread_runs, data["prompts"], data["max_tokens"],
+                              log=log, reference_python=reference_python)
+    if tokens_path is not None:
+        cell_tokens.write(tokens_path, cell_tokens.build(results, models, runs, spread_runs, data["prompts"],
+                                                         data["max_tokens"], data["dims"], floors, data["checkpoints"]))
+    return results
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("runs", type=Path, help="engine-logs/runs.json of a cell run")
-    ap.add_argument("--out", type=Path, required=True, help="results.json / results.md of the audit made here")
+    ap.add_argument("--out", type=Path, required=True,
+                    help="results.json / results.md / results.tokens.json of the audit made here")
     a = ap.parse_args(argv)
     if not a.runs.is_file():
         ap.error(f"{a.runs}: no such file (a cell run's engine-logs/runs.json)")
     with tempfile.TemporaryDirectory(prefix="vpe-replay-") as tmp:
-        results = replay(a.runs, Path(tmp), log=lambda s: print(s, file=sys.stderr, flush=True))
+        results = replay(a.runs, Path(tmp), log=lambda s: print(s, file=sys.stderr, flush=True),
+                         tokens_path=cell_tokens.sidecar_path(Path(a.out) / "results.json"))
     return report(results, a.out, "replayed: {n} cells")
 
 
