@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from vllm_platform_ext.testing import cell_replay
+from vllm_platform_ext.testing import cell_replay, cell_tokens
 from vllm_platform_ext.testing.audit import Reference
 from vllm_platform_ext.testing.cell_suites import Cell
 from vllm_platform_ext.testing.engine import EngineRun
@@ -75,6 +75,8 @@ def test_cli_writes_the_results_and_exits_by_the_verdict(kit, tmp_path, capsys):
     assert rc == 0 and "replayed: 1 cells, 0 failing" in printed, printed
     [row] = json.loads((tmp_path / "out" / "results.json").read_text())  # a list of cell results
     assert row["status"] == "pass" and (tmp_path / "out" / "results.md").is_file()
+    side = cell_tokens.load(tmp_path / "out" / "results.tokens.json")  # the replayed results' tokens, beside them
+    assert cell_tokens.consistency(side, [row]) == [] and side["models"]["qwen3_next"]["floor_bf16"]
 
 
 def test_runs_file_is_written_as_each_engine_finishes_and_a_partial_run_replays(kit, tmp_path):

@@ -10,7 +10,7 @@ ngram with "Workspace is locked" or an illegal memory access) it must show it. A
 that fails for a harness reason (memory start-up of side-by-side engines, a timeout), fails as
 such: never a skip, never an upstream or plugin result. Environment: ``VPE_CELLS_SUITE`` (core),
 ``VPE_CELLS_SHARD`` (1/1), ``VPE_CELLS_PARALLEL`` (4), ``VPE_CELLS_MEMORY`` (kv-bytes |
-utilization), ``VPE_CELLS_OUT`` (gpu-results: results, progress.log, engine-logs/), ``VPE_CELLS_TIMEOUT`` (1800 s
+utilization), ``VPE_CELLS_OUT`` (gpu-results: results, their token sidecar results.tokens.json, progress.log, engine-logs/), ``VPE_CELLS_TIMEOUT`` (1800 s
 per engine), ``VPE_REFERENCE_PYTHON`` (the reference's python).
 """
 import os
@@ -57,12 +57,15 @@ def results():
         with open(out / "progress.log", "a") as f:
             f.write(line + "\n")
 
+    tokens = out / "results.tokens.json"  # the generated tokens, committed with the results (testing/cell_tokens.py)
+    tokens.unlink(missing_ok=True)
     with tempfile.TemporaryDirectory(prefix="vpe-cells-") as tmp:
         res = cells.run_cells(CELLS, Path(tmp), cells.settings_for(SUITE, PARALLEL, MEMORY), PARALLEL,
                               dims="cpu" if SUITE == "cpu" else "gpu", timeout=TIMEOUT, log=progress,
-                              log_dir=out / "engine-logs")
+                              log_dir=out / "engine-logs", tokens_path=tokens)
     jp, mp = cells.write_results(res, out)
     print(f"\n{mp.read_text()}\nresults: {jp}")
+    assert tokens.is_file(), f"no token sidecar {tokens}: see the [cells] ERROR in progress.log"
     return {r.id: r for r in res}
 
 

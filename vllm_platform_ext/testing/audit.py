@@ -17,11 +17,13 @@ kept for the committed results judged by it (``tests/ci/test_gpu_full_matrix.py`
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
 import sys
 import tempfile
+import threading
 from dataclasses import dataclass, field
 
 BAD_NATS = 0.5
@@ -33,6 +35,7 @@ MARGIN = 0.02  # the old rule's allowance (a fraction of positions): see passes
 @dataclass
 class AuditResult:
     regrets: list = field(default_factory=list)  # one list of floats per request
+    generated: list = field(default_factory=list)  # the audited tokens where they are the reference's own (the floor)
 
     @property
     def positions(self) -> int:
@@ -133,7 +136,9 @@ class Reference:
     def floor(self, prompts: list[list[int]], max_tokens: int) -> AuditResult:
         """The fp32 audit of transformers' own bf16 greedy tokens."""
         gen = [self.greedy(p, max_tokens, "bf16") for p in prompts]
-        return self.audit(prompts, gen)
+        out = self.audit(prompts, gen)
+        out.generated = gen  # kept: a cell run commits them (testing/cell_tokens.py), so the floor can be audited again
+        return out
 
 
 def reference_python() -> str:
@@ -171,7 +176,34 @@ def reference_audits(model_dir: str, prompts: list[list[int]], generated: dict, 
                                f"{(proc.stdout + proc.stderr)[-3000:]}")
         with open(op) as f:
             data = json.load(f)
-    return AuditResult(data["floor"]), {k: AuditResult(v) for k, v in data["audits"].items()}
+    floor = AuditResult(data["floor"], generated=data.get("floor_tokens") or [])
+    audits = {k: AuditResult(v) for k, v in data["audits"].items()}
+    meta = {k: data[k] for k in ("transformers", "device") if k in data}
+    with _OBSERVERS_LOCK:
+        observers = list(_OBSERVERS)
+    for observe in observers:
+        observe(str(model_dir), floor, audits, meta)
+    return floor, audits
+
+
+_OBSERVERS: list = []
+_OBSERVERS_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def observing(callback):
+    """Within the block, every :func:`reference_audits` that returns calls ``callback(model_dir, floor,
+    audits, meta)`` (``meta``: the reference's transformers version and device): how the cells runner
+    keeps the bf16 floor's own tokens (``floor.generated``) for its committed sidecar
+    (:mod:`.cell_tokens`) without a change to the judging code that calls the reference. Called from
+    the reference threads: the callback must be thread-safe."""
+    with _OBSERVERS_LOCK:
+        _OBSERVERS.append(callback)
+    try:
+        yield callback
+    finally:
+        with _OBSERVERS_LOCK:
+            _OBSERVERS.remove(callback)
 
 
 def reference_device() -> str:
@@ -193,8 +225,8 @@ def _worker(job_path: str, out_path: str) -> int:
     import transformers
 
     with open(out_path, "w") as f:
-        json.dump({"floor": floor.regrets, "audits": audits, "transformers": transformers.__version__,
-                   "device": ref.device}, f)
+        json.dump({"floor": floor.regrets, "floor_tokens": floor.generated, "audits": audits,
+                   "transformers": transformers.__version__, "device": ref.device}, f)
     return 0
 
 

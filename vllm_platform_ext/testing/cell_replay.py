@@ -20,6 +20,7 @@ import threading
 from dataclasses import asdict, fields
 from pathlib import Path
 
+from vllm_platform_ext.testing import cell_tokens
 from vllm_platform_ext.testing.cell_judge import audit_cells
 from vllm_platform_ext.testing.cell_suites import Cell
 from vllm_platform_ext.testing.cells_report import report
@@ -46,10 +47,10 @@ def checkpoint_digest(model_dir: str | Path) -> str:
 
 
 def save_runs(path: Path, models: dict, prompts: list, max_tokens: int, dims: str, runs: dict, spread_runs: dict,
-              checkpoints: dict | None = None, pending: int = 0) -> Path:
+              checkpoints: dict | None = None, pending: int = 0, kit: str = "random") -> Path:
     """Write ``runs.json`` (``models``: kind -> checkpoint dir; ``runs``/``spread_runs``: Cell -> EngineRun;
     ``checkpoints``: their digests, when known; ``pending``: engines of the run not finished yet)."""
-    data = {"format": FORMAT, "dims": dims, "prompts": prompts, "max_tokens": max_tokens, "pending": pending,
+    data = {"format": FORMAT, "dims": dims, "kit": kit, "prompts": prompts, "max_tokens": max_tokens, "pending": pending,
             "checkpoints": checkpoints or {kind: checkpoint_digest(p) for kind, p in models.items()},
             "runs": [{"cell": asdict(c), "run": asdict(r)} for c, r in runs.items()],
             "spread": [{"cell": asdict(c), "run": asdict(r)} for c, r in spread_runs.items()]}
@@ -65,14 +66,16 @@ class RunsFile:
     window's time ran out while the last engines or the reference still ran (window 9) -- can still be
     audited here; ``finish`` writes the whole run in the cells' order."""
 
-    def __init__(self, path: Path, models: dict, prompts: list, max_tokens: int, dims: str, engines: int):
+    def __init__(self, path: Path, models: dict, prompts: list, max_tokens: int, dims: str, engines: int,
+                 kit: str = "random"):
         self.path, self.models, self.prompts, self.max_tokens, self.dims = Path(path), models, prompts, max_tokens, dims
+        self.kit = kit
         self.engines, self.done, self.lock, self.digests = engines, {}, threading.Lock(), None
 
     def _save(self, runs: dict, spread_runs: dict, pending: int) -> None:
         self.digests = self.digests or {kind: checkpoint_digest(p) for kind, p in self.models.items()}
         save_runs(self.path, self.models, self.prompts, self.max_tokens, self.dims, runs, spread_runs,
-                  checkpoints=self.digests, pending=pending)
+                  checkpoints=self.digests, pending=pending, kit=self.kit)
 
     def add(self, cell, spread_run: bool, run) -> None:
         with self.lock:
@@ -98,13 +101,15 @@ def load_runs(path: Path) -> tuple[dict, dict, dict]:
     return data, rebuild(data["runs"]), rebuild(data["spread"])
 
 
-def replay(path: Path, work: Path, reference_python: str | None = None, log=print) -> list:
+def replay(path: Path, work: Path, reference_python: str | None = None, log=print,
+           tokens_path: Path | None = None) -> list:
     """The cells of ``runs.json`` audited and judged here; raises ``ValueError`` naming the kit model
-    whose checkpoint, written again here, differs from the one the engines ran."""
+    whose checkpoint, written again here, differs from the one the engines ran. ``tokens_path``: the
+    token sidecar of these results to write (:mod:`.cell_tokens`; its bf16 floor is this host's)."""
     data, runs, spread_runs = load_runs(path)
     models = {}
     for kind, digest in sorted(data["checkpoints"].items()):
-        models[kind] = make_tiny_model(kind, Path(work) / kind, dims=data["dims"])
+        models[kind] = make_tiny_model(kind, Path(work) / kind, dims=data["dims"], target=data.get("kit", "random"))
         here = checkpoint_digest(models[kind])
         if here != digest:
             raise ValueError(f"kit model {kind} ({data['dims']} dims) written here differs from the run's "
@@ -115,19 +120,27 @@ def replay(path: Path, work: Path, reference_python: str | None = None, log=prin
         log(f"[replay] a partial run: {data['pending']} engine(s) had not finished; a speculative cell whose plain "
             "cell had not is judged against the bf16 floor alone, a batch-floor family's plugin cells whose spread "
             "run had not fail as unchecked")
-    return audit_cells(list(runs), models, {}, runs, spread_runs, data["prompts"], data["max_tokens"],
-                       log=log, reference_python=reference_python)
+    with cell_tokens.FloorTokens() as floors:
+        results = audit_cells(list(runs), models, {}, runs, spread_runs, data["prompts"], data["max_tokens"],
+                              log=log, reference_python=reference_python, kit=data.get("kit", "random"))
+    if tokens_path is not None:
+        cell_tokens.write(tokens_path, cell_tokens.build(results, models, runs, spread_runs, data["prompts"],
+                                                         data["max_tokens"], data["dims"], floors, data["checkpoints"],
+                                                         kit=data.get("kit", "random")))
+    return results
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("runs", type=Path, help="engine-logs/runs.json of a cell run")
-    ap.add_argument("--out", type=Path, required=True, help="results.json / results.md of the audit made here")
+    ap.add_argument("--out", type=Path, required=True,
+                    help="results.json / results.md / results.tokens.json of the audit made here")
     a = ap.parse_args(argv)
     if not a.runs.is_file():
         ap.error(f"{a.runs}: no such file (a cell run's engine-logs/runs.json)")
     with tempfile.TemporaryDirectory(prefix="vpe-replay-") as tmp:
-        results = replay(a.runs, Path(tmp), log=lambda s: print(s, file=sys.stderr, flush=True))
+        results = replay(a.runs, Path(tmp), log=lambda s: print(s, file=sys.stderr, flush=True),
+                         tokens_path=cell_tokens.sidecar_path(Path(a.out) / "results.json"))
     return report(results, a.out, "replayed: {n} cells")
 
 

@@ -1,7 +1,9 @@
 """The engine matrix's runner: each cell's engine in its own process (several side by side on
 one GPU), its tokens kept as the engines finish (:class:`cell_replay.RunsFile`), audited and judged
-(:mod:`.cell_judge`), and the results as JSON lines and a Markdown table (:mod:`.cells_report`).
-The cells and their suites are :mod:`.cell_suites`.
+(:mod:`.cell_judge`), and the results as JSON lines and a Markdown table (:mod:`.cells_report`),
+with the generated tokens committed beside them (``results.tokens.json``, :mod:`.cell_tokens`): what
+a replay on any machine recomputes the bad counts and floors from. The cells and their suites are
+:mod:`.cell_suites`.
 
 A cell is one ``LLM`` on a tiny kit model, greedy over :func:`prompts.default_prompts` with
 chunked prefill at 32 tokens a step, so the long prompts' prefill chunks share steps with
@@ -27,6 +29,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 
+from vllm_platform_ext.testing import cell_tokens
 from vllm_platform_ext.testing.bounds import ALPHA
 from vllm_platform_ext.testing.cell_judge import _plain_siblings, audit_cells
 from vllm_platform_ext.testing.cell_replay import RunsFile  # the engines' tokens, kept as they finish
@@ -46,7 +49,8 @@ from vllm_platform_ext.testing.cells_report import markdown, write_results  # no
 def run_cells(cells: list[Cell], work: Path, settings: EngineSettings, parallel: int = 1,
               alpha: float = ALPHA, dims: str = "gpu", timeout: float = 1800, log=print,
               reference_python: str | None = None, log_dir: Path | None = None,
-              engine_env: dict | None = None, plugins_off: str = "", kit: str | None = None) -> list[CellResult]:
+              engine_env: dict | None = None, plugins_off: str = "", tokens_path: Path | None = None,
+              kit: str | None = None) -> list[CellResult]:
     """Each cell in its own engine process (``parallel`` at a time), audited against float32 in a
     reference process (:func:`audit.reference_audits`; ``reference_python`` or
     ``VPE_REFERENCE_PYTHON``: a transformers that knows the model). A checkpoint the kit cannot
@@ -54,8 +58,10 @@ def run_cells(cells: list[Cell], work: Path, settings: EngineSettings, parallel:
     ``timeout``: seconds per engine (its process group is killed past it, and the cell fails as
     ``harness-error``); ``log_dir``: each engine's whole log is kept there as ``<cell id>.log``.
     ``engine_env``: added to every engine process's environment (not the reference's): a stand-in's
-    ``PYTHONPATH`` and switches; ``plugins_off``: see :meth:`Cell.env`."""
-    kit = kit or os.environ.get("VPE_KIT", "recall")  # the kit's weights (make_tiny_model's target)
+    ``PYTHONPATH`` and switches; ``plugins_off``: see :meth:`Cell.env`. ``tokens_path``: the token
+    sidecar to write (:mod:`.cell_tokens`; ``results.tokens.json`` beside ``results.json``). ``kit``:
+    the kit's weights (``make_tiny_model``'s ``target``; default ``VPE_KIT``, else "recall")."""
+    kit = kit or os.environ.get("VPE_KIT", "recall")
     prompts = default_prompts()
     if log_dir is not None:
         Path(log_dir).mkdir(parents=True, exist_ok=True)
@@ -73,7 +79,7 @@ def run_cells(cells: list[Cell], work: Path, settings: EngineSettings, parallel:
     # batch compositions in its own engine: the identity floor (verify.identity.floor)
     siblings = {s for c in todo if c.mode != "base" for s in _plain_siblings(c)}
     kept = None if log_dir is None else RunsFile(Path(log_dir) / "runs.json", models, prompts, settings.max_tokens,
-                                                 dims, len(todo) + len(spread))
+                                                 dims, len(todo) + len(spread), kit=kit)
 
     def one(cell: Cell, spread_run: bool = False):
         t0 = time.perf_counter()
@@ -98,8 +104,18 @@ def run_cells(cells: list[Cell], work: Path, settings: EngineSettings, parallel:
     runs, spread_runs = dict(zip(todo, done[:len(todo)])), dict(zip(spread, done[len(todo):]))
     if kept is not None:
         kept.finish(runs, spread_runs)
-    return audit_cells(cells, models, kit_errors, runs, spread_runs, prompts, settings.max_tokens, alpha, log,
-                       reference_python, kit=kit)
+    with cell_tokens.FloorTokens() as floors:  # the bf16 floor's own tokens, as the reference returns them
+        results = audit_cells(cells, models, kit_errors, runs, spread_runs, prompts, settings.max_tokens, alpha, log,
+                              reference_python, kit=kit)
+    if tokens_path is not None:
+        try:
+            cell_tokens.write(tokens_path, cell_tokens.build(results, models, runs, spread_runs, prompts,
+                                                             settings.max_tokens, dims, floors,
+                                                             None if kept is None else kept.digests, kit=kit))
+            log(f"[cells] generated tokens: {tokens_path}")
+        except (ValueError, OSError) as exc:  # the results still get written; a run without its sidecar fails
+            log(f"[cells] ERROR: no token sidecar {tokens_path}: {type(exc).__name__}: {exc}")
+    return results
 
 
 def main(argv=None) -> int:
@@ -112,7 +128,8 @@ def main(argv=None) -> int:
                     help="GPU memory per engine: kv-bytes (default: kv_cache_memory_bytes, no profiling) or "
                          "utilization (0.8/N of the GPU, profiled: with --parallel 1)")
     ap.add_argument("--dims", default=None, help="tiny model head sizes: gpu (default off the CPU suite) or cpu")
-    ap.add_argument("--out", default="gpu-results", help="results.json, results.md, progress.log, engine-logs/")
+    ap.add_argument("--out", default="gpu-results",
+                    help="results.json, results.md, results.tokens.json, progress.log, engine-logs/")
     ap.add_argument("--timeout", type=float, default=1800, help="seconds per engine (its process group is killed past it)")
     ap.add_argument("--engine-env", type=Path, default=None,
                     help="a JSON object of environment variables every engine process gets (not the reference)")
@@ -132,11 +149,17 @@ def main(argv=None) -> int:
         with open(out / "progress.log", "a") as f:
             f.write(line + "\n")
 
+    tokens = cell_tokens.sidecar_path(out / "results.json")
+    tokens.unlink(missing_ok=True)  # never an earlier run's
     with tempfile.TemporaryDirectory(prefix="vpe-cells-") as tmp:
         results = run_cells(cells, Path(tmp), settings_for(a.suite, a.parallel, a.memory), a.parallel, dims=dims,
                             timeout=a.timeout, log=log, log_dir=out / "engine-logs", engine_env=engine_env,
-                            plugins_off=a.plugins_off)
-    return report(results, out, "cells: {n} run")
+                            plugins_off=a.plugins_off, tokens_path=tokens)
+    rc = report(results, out, "cells: {n} run")
+    if not tokens.is_file():
+        log(f"[cells] no token sidecar {tokens}: these results cannot be replayed (see the ERROR above)")
+        return 1
+    return rc
 
 
 if __name__ == "__main__":
