@@ -543,7 +543,8 @@ def test_moe_family_spread_is_judged_against_bf16_and_is_no_floor(monkeypatch, t
             return bad.get((kv, part), 0.0)
         return _Audit(0.01), {k: _Audit(frac(k)) for k in generated}
 
-    monkeypatch.setattr(cells, "make_tiny_model", lambda kind, out, dims: out)
+    monkeypatch.setenv("VPE_KIT", "random")  # stub engines: no per-position acceptance counts
+    monkeypatch.setattr(cells, "make_tiny_model", lambda kind, out, dims, target="random": out)
     monkeypatch.setattr(cells, "run_in_subprocess", engine)
     monkeypatch.setattr(cell_judge, "reference_audits", reference)
     todo = [cells.Cell("qwen3_5_moe", "mtp", 3, kv) for kv in ("auto", "turboquant_k8v4")]
@@ -571,7 +572,8 @@ def test_a_spread_run_that_crashed_fails_the_familys_plugin_cells(monkeypatch, t
             return [EngineRun(mode="base", k=0, error=err["text"])]
         return [EngineRun(mode=cfg.mode, k=cfg.k, tokens=[[5]] * len(prompts), num_draft_tokens=6, num_accepted_tokens=2)]
 
-    monkeypatch.setattr(cells, "make_tiny_model", lambda kind, out, dims: out)
+    monkeypatch.setenv("VPE_KIT", "random")  # stub engines: no per-position acceptance counts
+    monkeypatch.setattr(cells, "make_tiny_model", lambda kind, out, dims, target="random": out)
     monkeypatch.setattr(cells, "run_in_subprocess", engine)
     monkeypatch.setattr(cell_judge, "reference_audits", lambda path, prompts, gen, mt, python=None:
                         (_Audit(0.0), {k: _Audit(0.0) for k in gen}))
@@ -639,7 +641,8 @@ def test_speculative_cell_floor_is_the_same_presets_plain_decoding_capped(monkey
     def reference(path, prompts, generated, max_tokens, python=None):
         return _Audit(0.01), {k: _Audit(bad[k]) for k in generated}
 
-    monkeypatch.setattr(cells, "make_tiny_model", lambda kind, out, dims: out)
+    monkeypatch.setenv("VPE_KIT", "random")  # stub engines: no per-position acceptance counts
+    monkeypatch.setattr(cells, "make_tiny_model", lambda kind, out, dims, target="random": out)
     monkeypatch.setattr(cells, "run_in_subprocess", engine)
     monkeypatch.setattr(cell_judge, "reference_audits", reference)
     todo = [cells.Cell("qwen3_next", mode, k, kv) for kv in ("turboquant_3bit_nc", "turboquant_k8v4", "turboquant_4bit_nc")

@@ -417,7 +417,8 @@ def test_metax_standin_suite_and_the_plugin_off_cell_keeps_vllm_metax(tmp_path, 
         refs.append(dict(os.environ))
         return Audit(0.01), {k: Audit(0.01) for k in generated}
 
-    monkeypatch.setattr(cells, "make_tiny_model", lambda kind, out, dims: out)
+    monkeypatch.setenv("VPE_KIT", "random")  # stub engines: no per-position acceptance counts
+    monkeypatch.setattr(cells, "make_tiny_model", lambda kind, out, dims, target="random": out)
     monkeypatch.setattr(cells, "run_in_subprocess", engine)
     monkeypatch.setattr(cell_judge, "reference_audits", reference)
     ee = tmp_path / "engine-env.json"

@@ -134,7 +134,8 @@ def test_plain_sibling_of_a_speculative_cell_runs_the_batch_compositions(monkeyp
         return [EngineRun(mode=cfg.mode, k=cfg.k, tokens=toks, num_draft_tokens=6, num_accepted_tokens=2,
                           compositions=comps)]
 
-    monkeypatch.setattr(cells, "make_tiny_model", lambda kind, out, dims: out)
+    monkeypatch.setenv("VPE_KIT", "random")  # stub engines: no per-position acceptance counts
+    monkeypatch.setattr(cells, "make_tiny_model", lambda kind, out, dims, target="random": out)
     monkeypatch.setattr(cells, "run_in_subprocess", engine)
     monkeypatch.setattr(cell_judge, "reference_audits",
                         lambda path, prompts, gen, mt, python=None: (AuditResult([[0.0] * 3]),

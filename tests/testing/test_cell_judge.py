@@ -32,7 +32,8 @@ def _run_cells(monkeypatch, tmp_path, todo, regrets, tokens=None, floor=None):
         return [EngineRun(mode=cfg.mode, k=cfg.k, tokens=(tokens or {}).get(cell.id, [[5] * N] * P),
                           num_draft_tokens=6, num_accepted_tokens=2)]
 
-    monkeypatch.setattr(cells, "make_tiny_model", lambda kind, out, dims: out)
+    monkeypatch.setenv("VPE_KIT", "random")  # stub engines: no per-position acceptance counts
+    monkeypatch.setattr(cells, "make_tiny_model", lambda kind, out, dims, target="random": out)
     monkeypatch.setattr(cells, "run_in_subprocess", engine)
     monkeypatch.setattr(cell_judge, "reference_audits", lambda path, prompts, gen, mt, python=None: (
         AuditResult(floor or _regrets()), {k: AuditResult(regrets.get(k, _regrets())) for k in gen}))

@@ -35,6 +35,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field, replace
 
+from vllm_platform_ext.testing import acceptance
 from vllm_platform_ext.testing.audit import reference_audits
 from vllm_platform_ext.testing.bounds import ALPHA, judged
 from vllm_platform_ext.testing.cell_suites import BATCH_FLOOR_KINDS, Cell
@@ -138,7 +139,7 @@ def accept_problem(cell: Cell, run, kit: str = "recall") -> str | None:
                               min_path_steps=acceptance.MIN_PATH_STEPS if mtp3 else 0)
 
 
-def judge(cell: Cell, run, criteria: list, problems: list | tuple = (), kit: str = "recall") -> tuple[str, str]:
+def judge(cell: Cell, run, criteria: list, problems: list | tuple = (), kit: str = "random") -> tuple[str, str]:
     """(status, note) of one cell's run: ``criteria`` (``bounds.Criterion`` per threshold; empty when
     the run has no audit) and ``problems`` (the other accuracy findings: the spread, the split rule,
     an audit that could not be judged) are its tokens' verdict."""

@@ -478,7 +478,8 @@ def replay_cells(side: dict, results: list[dict], ids: list[str], replayer: Repl
         if rep.committed_floor is not None and counted:
             # max(bf16, plain capped at bf16's limit), as cell_judge; each count's band likewise
             bf = rep.parts.get("bf16")
-            cap = (lambda x, b: min(x, limit(b, c.positions))) if bf is not None else (lambda x, b: x)
+            n_bf = bf.positions if bf is not None else 0
+            cap = (lambda x, b: min(x, limit(b, n_bf))) if bf is not None and n_bf else (lambda x, b: x)
             lo = max((c.sure if k == "bf16" else cap(c.sure, bf.sure)) / c.positions
                      for k, c in rep.parts.items() if c.positions)
             hi = max((c.maybe if k == "bf16" else cap(c.maybe, bf.maybe)) / c.positions
