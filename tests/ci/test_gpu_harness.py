@@ -452,7 +452,7 @@ def test_run_cells_fails_a_family_the_kit_cannot_write_and_judges_the_rest(monke
     cannot write is a kit-error for each of its cells (never run, never a skip), a harness
     failure is a harness-error, every other cell runs once and is judged against its family's
     floor from the reference process, which gets each cell's token ids."""
-    def make(kind, out, dims):
+    def make(kind, out, dims, target="random"):
         if kind == "qwen3_5_text":
             raise ValueError("Unrecognized model identifier: qwen3_5_text")
         return out
@@ -473,6 +473,7 @@ def test_run_cells_fails_a_family_the_kit_cannot_write_and_judges_the_rest(monke
         audited[path] = dict(generated)
         return _Audit(0.01), {k: _Audit(0.02) for k in generated}
 
+    monkeypatch.setenv("VPE_KIT", "random")  # stub engines: no per-position acceptance counts
     monkeypatch.setattr(cells, "make_tiny_model", make)
     monkeypatch.setattr(cells, "run_in_subprocess", engine)
     monkeypatch.setattr(cell_judge, "reference_audits", reference)

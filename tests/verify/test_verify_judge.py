@@ -56,9 +56,14 @@ def _routes(calls):
 def test_verify_row_fails_when_the_applied_route_never_ran():
     """A group reported applied is patched, not called: a speculative row needs routed calls on every
     rank; a route-off control (the group skipped/disabled) needs none."""
+    cpu = {"cpu_path": "no-avx512bf16"}
     run = EngineRun(mode="mtp", k=2, num_draft_tokens=10, num_accepted_tokens=4,
-                    patches={"gdn.cpu_spec_decode": "applied"}, routes=_routes([5]))
+                    patches={"gdn.cpu_spec_decode": "applied"}, routes=_routes([5]), engine_path=cpu)
     assert runner.judge(run, OK) == (True, "")
+    # on a GPU engine the CPU route has nothing to route (0.26 applies the group there: its target imports)
+    gpu = EngineRun(mode="mtp", k=2, num_draft_tokens=10, num_accepted_tokens=4, routes=_routes([0]),
+                    patches={"gdn.cpu_spec_decode": "applied"}, engine_path={"platform": "NvmlCudaPlatform"})
+    assert runner.judge(gpu, OK) == (True, "")
     run.routes = _routes([5, 0])  # TP=2: rank 1 never took the route
     ok, note = runner.judge(run, OK)
     assert not ok and "routed no call" in note and "[5, 0]" in note
@@ -66,7 +71,7 @@ def test_verify_row_fails_when_the_applied_route_never_ran():
     ok, note = runner.judge(run, OK)
     assert not ok and "no collective_rpc" in note
     off = EngineRun(mode="mtp", k=2, num_draft_tokens=10, num_accepted_tokens=4,
-                    patches={"gdn.cpu_spec_decode": "skipped"}, routes=_routes([3]))
+                    patches={"gdn.cpu_spec_decode": "skipped"}, routes=_routes([3]), engine_path=cpu)
     ok, note = runner.judge(off, OK)
     assert not ok and "skipped but routed [3] calls" in note
     off.routes = _routes([0])

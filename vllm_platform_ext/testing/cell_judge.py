@@ -305,3 +305,44 @@ def _identity(cell: Cell, runs: dict, spread_runs: dict, audits: dict) -> tuple[
                 return (compare(runs[cell].tokens, ref.tokens, getattr(a, "regrets", None),
                                 getattr(b, "regrets", None)), floor(ref.tokens, ref.compositions))
     return [], {}
+
+
+def rejudge(results: list[dict], runs: dict, spread_runs: dict, kit: str = "random") -> list[CellResult]:
+    """The cells of a kept run judged again from their records, without a new audit: each result's own
+    criteria (the run's float32 audit, :mod:`.bounds`), its token identity and spread records, and its
+    engine run (``runs`` / ``spread_runs``: cell id -> EngineRun of ``runs.json``), under this module's
+    rule as it is now (made after 2026-12-02's window, whose CPU-route rule asked a GPU engine to route
+    CPU GDN calls). A result without criteria (an engine error, a kit error) keeps its audit's absence."""
+    from vllm_platform_ext.testing.bounds import Criterion
+
+    out = []
+    for r in results:
+        cell = Cell(**r["cell"])
+        run = runs.get(r["id"])
+        if run is None or r["status"] == "kit-error":
+            out.append(CellResult(**r))
+            continue
+        crit = [Criterion(**c) for c in r.get("criteria") or []]
+        problems = []
+        if cell.mode != "base" and r.get("identity"):
+            problems += [p for p in [split_problem(r["identity"], cell.model, cell.kv)] if p]
+        family = Cell(cell.model, "base", 0, cell.kv, cell.graphs)
+        spread_run = spread_runs.get(family.id)
+        if cell.plugin and cell.model in BATCH_FLOOR_KINDS:
+            if spread_run is None:
+                problems.append("plain decoding over batch compositions (the spread run) did not run: this "
+                                "family's plain decoding in other batch shapes is unchecked")
+            elif spread_run.error and not run.error:
+                problems.append(f"plain decoding in other batch compositions (the spread run) failed: "
+                                f"{error_line(spread_run.error, list(HARNESS_ERRORS))}")
+            for name, cs in (r.get("spread") or {}).items():
+                problems += [f"plain decoding in batch composition {name!r} (the spread run): {Criterion(**c).text()}"
+                             for c in cs if not Criterion(**c).ok]
+        status, note = judge(cell, run, crit, problems, kit)
+        if cell.plugin and spread_run is not None and spread_run.error and harness_error(spread_run.error) \
+                and status == "fail" and not run.error:
+            status = "harness-error"
+        fields = {**r, "status": status,
+                  "error": note if run.error or status not in ("pass", "upstream-works") else ""}
+        out.append(CellResult(**fields))
+    return out

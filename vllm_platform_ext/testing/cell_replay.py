@@ -135,9 +135,20 @@ def main(argv=None) -> int:
     ap.add_argument("runs", type=Path, help="engine-logs/runs.json of a cell run")
     ap.add_argument("--out", type=Path, required=True,
                     help="results.json / results.md / results.tokens.json of the audit made here")
+    ap.add_argument("--rejudge", type=Path, default=None, metavar="RESULTS_JSON",
+                    help="no new audit: judge the run's results.json again from its records under today's rule "
+                         "(cell_judge.rejudge), writing results.json / results.md to --out")
     a = ap.parse_args(argv)
     if not a.runs.is_file():
         ap.error(f"{a.runs}: no such file (a cell run's engine-logs/runs.json)")
+    if a.rejudge is not None:
+        from vllm_platform_ext.testing.cell_judge import rejudge
+
+        data = json.loads(a.runs.read_text())
+        runs = {Cell(**e["cell"]).id: EngineRun(**e["run"]) for e in data["runs"]}
+        spread = {Cell(**e["cell"]).id: EngineRun(**e["run"]) for e in data.get("spread", [])}
+        results = rejudge(json.loads(a.rejudge.read_text()), runs, spread, kit=data.get("kit", "random"))
+        return report(results, a.out, "re-judged from the records: {n} cells")
     with tempfile.TemporaryDirectory(prefix="vpe-replay-") as tmp:
         results = replay(a.runs, Path(tmp), log=lambda s: print(s, file=sys.stderr, flush=True),
                          tokens_path=cell_tokens.sidecar_path(Path(a.out) / "results.json"))

