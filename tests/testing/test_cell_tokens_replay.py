@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO
-from vllm_platform_ext.testing import audit, cell_tokens, cells
+from vllm_platform_ext.testing import audit, cell_tokens, cell_tokens_replay, cells
 from vllm_platform_ext.testing.cell_suites import Cell
 from vllm_platform_ext.testing.engine import EngineRun, EngineSettings
 
@@ -29,7 +29,7 @@ CPU_RUN = RESULTS / "cpu/2026-12-02-cells-tokens/results.tokens.json"  # the CPU
 
 @pytest.fixture(scope="module")
 def replayer(tmp_path_factory):
-    return cell_tokens.Replayer(tmp_path_factory.mktemp("kit"))
+    return cell_tokens_replay.Replayer(tmp_path_factory.mktemp("kit"))
 
 
 def _name(p: Path) -> str:
@@ -53,7 +53,7 @@ def test_committed_sidecar_backs_every_cell_of_its_results(sidecar):
 
 @pytest.mark.parametrize("sidecar", COMMITTED, ids=_name)
 def test_committed_sample_replays_to_the_committed_numbers(sidecar, replayer):
-    problems, reps = cell_tokens.check(sidecar, replayer=replayer)
+    problems, reps = cell_tokens_replay.check(sidecar, replayer=replayer)
     assert problems == []
     assert len(reps) == min(cell_tokens.SAMPLE, sum(
         r["bad"] is not None for r in cell_tokens.load_results(cell_tokens.results_path(sidecar))))
@@ -133,7 +133,7 @@ def test_a_token_flipped_where_the_reference_is_sure_is_caught(tmp_path, replaye
     def edit(s):
         s["cells"][cid]["tokens"][i] = cell_tokens.encode_ids(flipped[i], "edit")
 
-    problems, _ = cell_tokens.check(_copy(tmp_path, edit), ids=[cid], replayer=replayer)
+    problems, _ = cell_tokens_replay.check(_copy(tmp_path, edit), ids=[cid], replayer=replayer)
     assert any(cid in p and "bad count" in p and "do not give the committed bad fraction" in p for p in problems), problems
 
 
@@ -146,7 +146,7 @@ def test_an_edited_bad_count_is_caught(tmp_path, replayer):
         r = next(r for r in rs if r["id"] == cid)
         r["bad"] = (round(r["bad"] * n) + 2) / n if r["bad"] * n < 2 else (round(r["bad"] * n) - 2) / n
 
-    problems, _ = cell_tokens.check(_copy(tmp_path, edit_results=edit), ids=[cid], replayer=replayer)
+    problems, _ = cell_tokens_replay.check(_copy(tmp_path, edit_results=edit), ids=[cid], replayer=replayer)
     assert any(cid in p and "bad count" in p for p in problems), problems
 
 
@@ -158,7 +158,7 @@ def test_an_edited_floor_is_caught(tmp_path, replayer):
         r = next(r for r in rs if r["id"] == cid)
         r["floor"] = r["floor"] + 0.05  # a floor raised until a worse cell would pass
 
-    problems, _ = cell_tokens.check(_copy(tmp_path, edit_results=edit), ids=[cid], replayer=replayer)
+    problems, _ = cell_tokens_replay.check(_copy(tmp_path, edit_results=edit), ids=[cid], replayer=replayer)
     assert any(cid in p and "floor" in p and "its parts give" in p for p in problems), problems
 
 
@@ -170,7 +170,7 @@ def test_a_checkpoint_other_than_the_committed_one_is_refused_by_name(tmp_path, 
     def edit(s):
         s["models"][model]["checkpoint_sha256"] = "0" * 64
 
-    problems, reps = cell_tokens.check(_copy(tmp_path, edit), ids=[cid], replayer=replayer)
+    problems, reps = cell_tokens_replay.check(_copy(tmp_path, edit), ids=[cid], replayer=replayer)
     assert any(f"kit model {model}" in p and "differs from the committed checkpoint" in p for p in problems), problems
     assert reps[0].bad is None  # nothing audited on other weights
 
@@ -183,13 +183,13 @@ def test_a_dropped_token_or_a_cell_without_tokens_is_inconsistent(tmp_path):
         t = cell_tokens.decode_ids(s["cells"][cid]["tokens"][0], "x")
         s["cells"][cid]["tokens"][0] = cell_tokens.encode_ids(t[:-1], "x")
 
-    problems, reps = cell_tokens.check(_copy(tmp_path, drop))
+    problems, reps = cell_tokens_replay.check(_copy(tmp_path, drop))
     assert any(cid in p and "positions audited" in p for p in problems) and reps == [], problems
 
     def none(s):
         s["cells"][cid]["tokens"] = None
 
-    problems, _ = cell_tokens.check(_copy(tmp_path, none))
+    problems, _ = cell_tokens_replay.check(_copy(tmp_path, none))
     assert any(cid in p and "no tokens" in p for p in problems), problems
 
 
@@ -218,7 +218,7 @@ def test_sidecar_names_and_format_refusals(tmp_path):
     old.write_text(json.dumps({"format": "vpe-cell-tokens/0"}))
     with pytest.raises(ValueError, match="format 'vpe-cell-tokens/0'"):
         cell_tokens.load(old)
-    problems, _ = cell_tokens.check(CPU_RUN, results=tmp_path / "missing.json")
+    problems, _ = cell_tokens_replay.check(CPU_RUN, results=tmp_path / "missing.json")
     assert problems and "no results file missing.json" in problems[0]
 
 
@@ -266,7 +266,7 @@ def test_run_cells_writes_a_sidecar_that_replays(monkeypatch, tmp_path, replayer
     side = cell_tokens.load(tokens)
     assert side["models"]["qwen3_next"]["floor_bf16"] and side["models"]["qwen3_next"]["reference"]["device"] == "cpu"
     assert side["cells"]["qwen3_next-mtp1-auto-eager-on"]["floor_parts"] == ["bf16", "cell:qwen3_next-base-auto-eager-on"]
-    problems, reps = cell_tokens.check(tokens, ids=[r.id for r in res], replayer=replayer)
+    problems, reps = cell_tokens_replay.check(tokens, ids=[r.id for r in res], replayer=replayer)
     assert problems == []
     by = {rep.id: rep for rep in reps}
     assert by["qwen3_next-mtp1-auto-eager-on"].bad.bad == round(res[1].bad * res[1].positions) >= 1
@@ -290,13 +290,13 @@ def test_a_sidecar_without_the_floors_tokens_says_so(tmp_path):
 
 
 def test_cli_replays_a_committed_sidecar_and_fails_an_edited_one(tmp_path, capsys):
-    assert cell_tokens.main([str(CPU_RUN)]) == 0
+    assert cell_tokens_replay.main([str(CPU_RUN)]) == 0
     assert "1 sidecar(s), 0 with problems" in capsys.readouterr().out
     side, res, ids = _sampled()
 
     def edit(rs):
         next(r for r in rs if r["id"] == ids[0])["floor"] += 0.05
 
-    assert cell_tokens.main([str(_copy(tmp_path, edit_results=edit))]) == 1
+    assert cell_tokens_replay.main([str(_copy(tmp_path, edit_results=edit))]) == 1
     out = capsys.readouterr()
     assert "1 with problems" in out.out and ids[0] in out.err

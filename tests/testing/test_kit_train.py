@@ -7,10 +7,10 @@ import random
 
 import pytest
 
-from vllm_platform_ext.testing import kit_train
+from vllm_platform_ext.testing import kit_train, recall_weights
 from vllm_platform_ext.testing.tiny_models import CPU_KINDS, make_tiny_model
 
-RECALL_KINDS = [k for k in CPU_KINDS if f"{k}-cpu" in kit_train.manifest()]
+RECALL_KINDS = [k for k in CPU_KINDS if f"{k}-cpu" in recall_weights.manifest()]
 
 
 def test_every_cpu_kind_has_committed_recall_weights():
@@ -23,7 +23,7 @@ def test_recall_checkpoint_is_the_committed_weights(kind, tmp_path):
 
     path = make_tiny_model(kind, tmp_path / kind, target="recall")
     written = load_file(str(path / "model.safetensors"))
-    assert kit_train.tensors_digest(written) == kit_train.manifest()[f"{kind}-cpu"]["sha256"]
+    assert recall_weights.tensors_digest(written) == recall_weights.manifest()[f"{kind}-cpu"]["sha256"]
     random_names = set(load_file(str(make_tiny_model(kind, tmp_path / "r", target="random") / "model.safetensors")))
     assert set(written) == random_names  # the same tensors vLLM loads, MTP layer included
 
@@ -55,7 +55,7 @@ def test_recall_sequence_marks_only_determined_tokens():
 
 @pytest.mark.parametrize("kind", RECALL_KINDS)
 def test_distilled_mtp_beats_the_random_one(kind):
-    fig = kit_train.manifest()[f"{kind}-cpu"]["mtp"]
+    fig = recall_weights.manifest()[f"{kind}-cpu"]["mtp"]
     chain, rand = fig["held_chain_accuracy"], fig["held_chain_accuracy_random"]
     # teacher-forced chain accuracy of drafts 1..3 on held-out continuations (kit_train.build)
     assert 1 + sum(chain) >= 2.5 and all(a > b for a, b in zip(chain, rand)), fig
@@ -67,10 +67,10 @@ def test_recall_refuses_other_recipes_and_tampered_weights(tmp_path, monkeypatch
     with pytest.raises(ValueError, match="target 'trained' not in"):
         make_tiny_model(CPU_KINDS[0], tmp_path / "b", target="trained")
     with pytest.raises(ValueError, match="no committed recall weights for qwen3_5_text-huge"):
-        kit_train.load_weights("qwen3_5_text", "huge")
-    entry = dict(kit_train.manifest()[f"{CPU_KINDS[0]}-cpu"], sha256="0" * 64)
+        recall_weights.load_weights("qwen3_5_text", "huge")
+    entry = dict(recall_weights.manifest()[f"{CPU_KINDS[0]}-cpu"], sha256="0" * 64)
     fake = tmp_path / "manifest.json"
     fake.write_text(json.dumps({f"{CPU_KINDS[0]}-cpu": entry}))
-    monkeypatch.setattr(kit_train, "MANIFEST", fake)
+    monkeypatch.setattr(recall_weights, "MANIFEST", fake)
     with pytest.raises(ValueError, match="differs from the manifest"):
-        kit_train.load_weights(CPU_KINDS[0], "cpu")
+        recall_weights.load_weights(CPU_KINDS[0], "cpu")

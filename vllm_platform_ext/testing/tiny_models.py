@@ -396,7 +396,7 @@ def make_tiny_model(kind: str, out_dir: str | os.PathLike, seed: int = 0, std: f
         if mtp_layers > 0:
             sd.update(_mtp_state_dict(cfg, seed, mtp_layers))
     if target == "recall":
-        from vllm_platform_ext.testing.kit_train import load_weights
+        from vllm_platform_ext.testing.recall_weights import load_weights
 
         trained = load_weights(kind, dims)
         if set(trained) != set(sd):
