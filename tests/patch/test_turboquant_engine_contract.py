@@ -103,8 +103,9 @@ def test_triton_kernel_in_the_lines_own_cache(key):
 
 
 def _decode_cases() -> list:
-    """(line, presets) of the decode-kernel check: every preset on vLLM-metax's two cache layouts (0.23
-    token-major, 0.26 head-major), and on each other line one preset in turn, so every line and every preset
+    """(line, presets) of the decode-kernel check: k8v4 and 4bit_nc on vLLM-metax's two cache layouts (0.23
+    token-major, 0.26 head-major), and on each other line one preset in turn, the other presets first, so every
+    line and every preset
     run the line's own kernel and the CI time stays bounded (the interpreter takes 30-55 s a preset here:
     every preset on every line was ~20 min on 2 shared cores, 2026-12-02)."""
     sys.path.insert(0, os.path.dirname(CHILD))
@@ -112,20 +113,22 @@ def _decode_cases() -> list:
         from tq_engine_contract_child import PRESETS
     finally:
         sys.path.pop(0)
+    metax = ("turboquant_k8v4", "turboquant_4bit_nc")  # the presets vLLM-metax's users run
+    turn = [p for p in PRESETS if p not in metax] + list(metax)  # the others first: every preset runs somewhere
     others = [k for k in LINES if k not in ((0, 23), (0, 26))]
-    return [(k, PRESETS) for k in LINES if k in ((0, 23), (0, 26))] + [
-        (k, (PRESETS[i % len(PRESETS)],)) for i, k in enumerate(others)]
+    return [(k, metax) for k in LINES if k in ((0, 23), (0, 26))] + [
+        (k, (turn[i % len(turn)],)) for i, k in enumerate(others)]
 
 
 @pytest.mark.parametrize("key,presets", _decode_cases(),
-                         ids=[f"{'.'.join(map(str, k))}-{'all' if len(p) > 1 else p[0].removeprefix('turboquant_')}"
+                         ids=[f"{'.'.join(map(str, k))}-{'+'.join(x.removeprefix('turboquant_') for x in p)}"
                               for k, p in _decode_cases()])
 def test_synthetic_row_route_runs_the_lines_decode_kernel(key, presets):
     """Benchmark configuration R (``VLLM_PLATFORM_EXT_TQ_VERIFY_ROUTE=upstream_rows``, vLLM PR
     #40914's routing): a uniform K+1 batch goes through the line's own single-token decode kernel
     (Triton interpreter) on B x (K+1) synthetic rows -- one call, every row -- and matches float64
     causal attention like the K+1 kernel; the mixed batch keeps the plugin's one-row-per-token op.
-    Every preset on 0.23 and 0.26, one preset in turn on each other line (:func:`_decode_cases`). On 0.26
+    k8v4 and 4bit_nc on 0.23 and 0.26, one preset in turn on each other line (:func:`_decode_cases`). On 0.26
     (head-major cache) the kernel
     must get the probed op view, not vLLM's tensor: handed the raw cache, the interpreter crashed
     (block size read as the head count). The interpreter runs the kernel's Python with e4nv fp8 keys;
