@@ -25,6 +25,33 @@ CHILD = os.path.join(REPO, "tests", "patch", "tq_engine_contract_child.py")
 LINES = sorted(schemas.TABLE_SOURCES)
 EXPECTED_LAYOUT = {"BNHC": "(blocks, tokens, heads, slot)", "BHNC": "(blocks, heads, tokens, slot)"}
 
+# The line's store read back through the documented axes: relative error (Frobenius) of the K and the V read
+# back against those written -- the preset's quantization and nothing else (bytes read through a wrong axis
+# belong to other tokens, independent normals: about 1.4). Measured 2026-12-02 on CPU with the child as it
+# runs here (each line's own store kernel under TRITON_INTERPRET=1, e4nv fp8 keys, torch.manual_seed(0),
+# 66 tokens x 2 KV heads x head dim 64, dequantized by the float64 reference), the same to 5 digits on
+# 0.22-0.26, 0.32 and 0.33 and for every batch shape of the child (the store does not depend on it):
+#
+#   preset               K        V
+#   turboquant_k8v4      0.08742  0.08996   (fp8 keys, 4-bit values)
+#   turboquant_4bit_nc   0.09461  0.08996
+#   turboquant_k3v4_nc   0.18270  0.08996
+#   turboquant_3bit_nc   0.18270  0.19315
+#
+# Each must stay within 1.2x of its measured value, either way (3-bit where 4 are named, or 4 where 3 are,
+# moves it by about 2x: 0.183 against 0.095 and 0.090).
+STORE_REL_ERR = {"turboquant_k8v4": (0.08742, 0.08996), "turboquant_4bit_nc": (0.09461, 0.08996),
+                 "turboquant_k3v4_nc": (0.18270, 0.08996), "turboquant_3bit_nc": (0.18270, 0.19315)}
+STORE_SLACK = 1.2
+
+
+def store_err_problem(p: dict) -> str | None:
+    """Why the preset's read-back K/V errors are off the measured ones, or None."""
+    for side, got, want in zip("KV", p["store_rel_err"], STORE_REL_ERR[p["preset"]]):
+        if not want / STORE_SLACK <= got <= want * STORE_SLACK:
+            return f"{p['preset']} {side}: store relative error {got:.5f}, measured {want:.5f} (x{STORE_SLACK} either way)"
+    return None
+
 
 def run_child(key: tuple[int, int], plugin_root: str = REPO, op: str = "torch", presets=(), route: str = "",
               output: str = "3d") -> dict:
@@ -55,8 +82,8 @@ def test_verify_route_in_the_lines_own_cache(key):
         assert "error" not in p, f"{p['preset']}: {p['error']}\n{p.get('trace')}"
         assert p["inference_tensors"], p
         # the line's store and the documented axes agree: the read-back K/V are the written ones
-        # up to the preset's quantization (fp8 keys ~0.09, 3-bit ~0.19 relative)
-        assert max(p["store_rel_err"]) < 0.25, p
+        # up to the preset's quantization (STORE_REL_ERR)
+        assert store_err_problem(p) is None, (store_err_problem(p), p)
         assert p["max_abs_err"] < 1e-4, p
         assert p["rows_past_end_untouched"], p
 
@@ -70,22 +97,47 @@ def test_triton_kernel_in_the_lines_own_cache(key):
     assert res["op"].endswith("triton_verify:turboquant_verify_attention")
     for p in res["presets"]:
         assert "error" not in p, f"{p['preset']}: {p['error']}\n{p.get('trace')}"
-        assert max(p["store_rel_err"]) < 0.25 and p["inference_tensors"], p
+        assert store_err_problem(p) is None and p["inference_tensors"], (store_err_problem(p), p)
         assert p["max_abs_err"] < 2e-3, p  # fp16 operands in the kernel's dots
         assert p["rows_past_end_untouched"], p
 
 
-@pytest.mark.parametrize("key", [(0, 23), (0, 26)], ids=["0.23", "0.26"])
-def test_synthetic_row_route_runs_the_lines_decode_kernel(key):
+def _decode_cases() -> list:
+    """(line, presets) of the decode-kernel check: k8v4 and 4bit_nc on vLLM-metax's two cache layouts (0.23
+    token-major, 0.26 head-major), and on each other line one preset in turn, the other presets first, so every
+    line and every preset
+    run the line's own kernel and the CI time stays bounded (the interpreter takes 30-55 s a preset here:
+    every preset on every line was ~20 min on 2 shared cores, 2026-12-02)."""
+    sys.path.insert(0, os.path.dirname(CHILD))
+    try:
+        from tq_engine_contract_child import PRESETS
+    finally:
+        sys.path.pop(0)
+    metax = ("turboquant_k8v4", "turboquant_4bit_nc")  # the presets vLLM-metax's users run
+    turn = [p for p in PRESETS if p not in metax] + list(metax)  # the others first: every preset runs somewhere
+    others = [k for k in LINES if k not in ((0, 23), (0, 26))]
+    return [(k, metax) for k in LINES if k in ((0, 23), (0, 26))] + [
+        (k, (turn[i % len(turn)],)) for i, k in enumerate(others)]
+
+
+@pytest.mark.parametrize("key,presets", _decode_cases(),
+                         ids=[f"{'.'.join(map(str, k))}-{'+'.join(x.removeprefix('turboquant_') for x in p)}"
+                              for k, p in _decode_cases()])
+def test_synthetic_row_route_runs_the_lines_decode_kernel(key, presets):
     """Benchmark configuration R (``VLLM_PLATFORM_EXT_TQ_VERIFY_ROUTE=upstream_rows``, vLLM PR
     #40914's routing): a uniform K+1 batch goes through the line's own single-token decode kernel
     (Triton interpreter) on B x (K+1) synthetic rows -- one call, every row -- and matches float64
     causal attention like the K+1 kernel; the mixed batch keeps the plugin's one-row-per-token op.
-    On 0.26 (head-major cache) the kernel must get the probed op view, not vLLM's tensor: handed
-    the raw cache, the interpreter crashed (block size read as the head count)."""
-    res = run_child(key, presets=("turboquant_k8v4", "turboquant_4bit_nc"), route="upstream_rows")
+    k8v4 and 4bit_nc on 0.23 and 0.26, one preset in turn on each other line (:func:`_decode_cases`). On 0.26
+    (head-major cache) the kernel
+    must get the probed op view, not vLLM's tensor: handed the raw cache, the interpreter crashed
+    (block size read as the head count). The interpreter runs the kernel's Python with e4nv fp8 keys;
+    the compiled kernel, e4b15 keys (pre-Hopper, MetaX) and CUDA graphs run only on a GPU
+    (tests/ops/test_turboquant_gpu.py, with the installed line's kernels)."""
+    res = run_child(key, presets=presets, route="upstream_rows")
     assert "error" not in res, f"{res.get('error')}\n{res.get('trace')}"
-    assert len(res["presets"]) == 4
+    assert res["vllm"].startswith(f"{key[0]}.{key[1]}.")
+    assert [p["preset"] for p in res["presets"]] == [p for p in presets for _ in (0, 1)]
     for p in res["presets"]:
         assert "error" not in p, f"{p['preset']}: {p['error']}\n{p.get('trace')}"
         uniform = p["route"] == "k+1"

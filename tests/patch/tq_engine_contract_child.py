@@ -29,7 +29,7 @@ import torch  # noqa: E402
 # block_size, slot); 0.29+ the logical [B, H, N, C] view of create_kv_cache_views.
 EXPECTED_AXES = {(0, 22): "BNHC", (0, 23): "BNHC", (0, 24): "BNHC", (0, 25): "BNHC", (0, 26): "BHNC",
                  (0, 32): "BHNC", (0, 33): "BHNC"}
-PRESETS = ("turboquant_k8v4", "turboquant_4bit_nc", "turboquant_3bit_nc")
+PRESETS = ("turboquant_k8v4", "turboquant_4bit_nc", "turboquant_k3v4_nc", "turboquant_3bit_nc")
 D, HQ, HK, PAGE, NB, K1 = 64, 4, 2, 16, 10, 4
 DECODE = (1, 1, 1)  # a uniform single-token batch of a speculative engine (the drafter's later passes)
 MIXED = (4, 1, 2)  # ngram: a full verify, a plain decode, a short verify in one step
