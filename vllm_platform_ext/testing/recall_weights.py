@@ -20,10 +20,17 @@ def tensors_digest(sd: dict) -> str:
 
     h = hashlib.sha256()
     for name in sorted(sd):
-        t = sd[name].contiguous()
-        h.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
-        h.update(t.view(-1).view(__import__("torch").uint8).numpy().tobytes())
+        _add_tensor(h, name, sd[name])
     return h.hexdigest()
+
+
+def _add_tensor(h, name: str, t) -> None:
+    """One tensor into a digest: its name, dtype, shape and bytes (:func:`tensors_digest`, :func:`checkpoint_digest`)."""
+    import torch
+
+    t = t.contiguous()
+    h.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
+    h.update(t.view(-1).view(torch.uint8).numpy().tobytes())
 
 
 def weights_path(kind: str, dims: str) -> Path:
@@ -55,16 +62,13 @@ def load_weights(kind: str, dims: str) -> dict:
 def checkpoint_digest(model_dir: str | Path) -> str:
     """sha256 over every tensor of a checkpoint (name, dtype, shape, bytes; sorted by name): the
     same weights give the same digest whatever wrote the config files."""
-    import torch
-    from safetensors import safe_open
-
     import hashlib
+
+    from safetensors import safe_open
 
     h = hashlib.sha256()
     for path in sorted(Path(model_dir).glob("*.safetensors")):
         with safe_open(str(path), framework="pt") as f:
             for name in sorted(f.keys()):
-                t = f.get_tensor(name).contiguous()
-                h.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
-                h.update(t.view(-1).view(torch.uint8).numpy().tobytes())
+                _add_tensor(h, name, f.get_tensor(name))
     return h.hexdigest()
