@@ -48,8 +48,7 @@ def _wrong(ref, run, floor) -> list[str]:
 def test_clean_run_passes_and_exercises_every_accept_path(control):
     clean, _, ref, floor = control
     assert not clean.error, clean.error
-    why = acceptance.problem(clean, min_path_steps=acceptance.MIN_PATH_STEPS,
-                             min_length=acceptance.MIN_MTP_LENGTH_K3)
+    why = acceptance.recall_kit_problem(clean)  # MTP k=3: the mean length and each exact path too
     assert why is None, why
     wrong = _wrong(ref, clean, floor)
     assert not wrong, wrong

@@ -126,9 +126,7 @@ def _check_run(m: Matrix, run, cfg: EngineConfig, layout: str = "SD") -> None:
         assert run.num_accepted_tokens > 0, "no draft accepted: multi-token steps not exercised"
         # the recall kit accepts drafts like a real model: every draft position accepted often, and MTP
         # k=3 at a real model's mean acceptance length with every exact path (j of 3 accepted) run
-        mtp3 = (cfg.mode, cfg.k) == ("mtp", 3)
-        why = acceptance.problem(run, min_length=acceptance.MIN_MTP_LENGTH_K3 if mtp3 else 0.0,
-                                 min_path_steps=acceptance.MIN_PATH_STEPS if mtp3 else 0)
+        why = acceptance.recall_kit_problem(run)
         assert why is None, f"{where}: {why}"
         # applied is patched, not called: every worker's counters show the plugin's GDN route ran
         assert route_problem(run, GDN_GROUP, ("calls",)) is None, (route_problem(run, GDN_GROUP, ("calls",)),

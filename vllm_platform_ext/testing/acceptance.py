@@ -73,6 +73,13 @@ def problem(run, k: int | None = None, min_per_pos: int = MIN_PER_POS, min_rate:
     return None
 
 
+
+def recall_kit_problem(run) -> str | None:
+    """The recall kit's rule for a speculative run (verify's rows, the GPU cells, the CPU engine audit):
+    :func:`problem` at its defaults, and at MTP k=3 also the mean length and each exact path."""
+    mtp3 = (run.mode, run.k) == ("mtp", 3)
+    return problem(run, min_length=MIN_MTP_LENGTH_K3 if mtp3 else 0.0, min_path_steps=MIN_PATH_STEPS if mtp3 else 0)
+
 # ---- vLLM's counters of a run (read by testing/engine.py after each generate) ----
 
 _SPEC_COUNTERS = {

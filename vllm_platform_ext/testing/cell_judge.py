@@ -134,9 +134,7 @@ def accept_problem(cell: Cell, run, kit: str = "recall") -> str | None:
     2026-12-02, whose drafts are almost never accepted: one accepted draft is all it can show)."""
     if cell.mode == "base" or kit != "recall":
         return None
-    mtp3 = (cell.mode, cell.k) == ("mtp", 3)
-    return acceptance.problem(run, min_length=acceptance.MIN_MTP_LENGTH_K3 if mtp3 else 0.0,
-                              min_path_steps=acceptance.MIN_PATH_STEPS if mtp3 else 0)
+    return acceptance.recall_kit_problem(run)
 
 
 def judge(cell: Cell, run, criteria: list, problems: list | tuple = (), kit: str = "random") -> tuple[str, str]:
@@ -186,9 +184,35 @@ def _spread(base: Cell, spread_runs: dict, audits: dict, bf16, alpha: float) -> 
             name = key.rsplit("|", 1)[1]
             crit, why = judged(a, bf16, None, alpha)
             record[name], fractions = [c.as_dict() for c in crit], fractions + [a.bad_fraction]
-            problems += [f"plain decoding in batch composition {name!r} (the spread run): {w}"
-                         for w in why + [c.text() for c in crit if not c.ok]]
+            problems += [_composition_problem(name, w) for w in why + [c.text() for c in crit if not c.ok]]
     return record, fractions, problems, ""
+
+
+def _composition_problem(name: str, why: str) -> str:
+    return f"plain decoding in batch composition {name!r} (the spread run): {why}"
+
+
+def _family_problems(cell: Cell, run, spread_ran: bool, spread_error: str, composition_problems: list) -> list:
+    """What a plugin cell carries from its configuration's spread run (plain decoding over batch compositions,
+    with the plugin): the spread missing for a batch-floor family (a partial run's replay: unchecked), else
+    each composition over its limit and the spread run's own failure. None for plugin-off cells."""
+    if not cell.plugin:
+        return []
+    if cell.model in BATCH_FLOOR_KINDS and not spread_ran:
+        return ["plain decoding over batch compositions (the spread run) did not run: this family's "
+                "plain decoding in other batch shapes is unchecked"]
+    out = list(composition_problems)
+    if spread_error and not run.error:
+        out.append(f"plain decoding in other batch compositions (the spread run) failed: "
+                   f"{error_line(spread_error, list(HARNESS_ERRORS))}")
+    return out
+
+
+def _spread_harness(cell: Cell, run, spread_error: str, status: str) -> str:
+    """A plugin cell failed by its spread run's start-up (a harness error) is the harness's, not the plugin's."""
+    if cell.plugin and spread_error and harness_error(spread_error) and status == "fail" and not run.error:
+        return "harness-error"
+    return status
 
 
 def _plain_key(cell: Cell, runs: dict, spread_runs: dict) -> str | None:
@@ -246,20 +270,12 @@ def audit_cells(cells: list[Cell], models: dict, kit_errors: dict, runs: dict, s
         crit, problems = ([], []) if audit is None else judged(audit, bf16, mine.get(key) if key else None, alpha)
         family = Cell(cell.model, "base", 0, cell.kv, cell.graphs)
         spread, fractions, spread_problems, spread_error = _spread(family, spread_runs, mine, bf16, alpha)
-        if cell.model in BATCH_FLOOR_KINDS and family not in spread_runs:  # a partial run's replay: unchecked
-            spread_problems = ["plain decoding over batch compositions (the spread run) did not run: this family's "
-                               "plain decoding in other batch shapes is unchecked"]
         ident, ident_floor = _identity(cell, runs, spread_runs, mine)
         if cell.mode != "base" and ident:
             problems += [p for p in [split_problem(ident, cell.model, cell.kv)] if p]
-        if cell.plugin:  # the spread ran this configuration's plain decoding with the plugin
-            problems += spread_problems
-            if spread_error and not run.error:
-                problems.append(f"plain decoding in other batch compositions (the spread run) failed: "
-                                f"{error_line(spread_error, list(HARNESS_ERRORS))}")
+        problems += _family_problems(cell, run, family in spread_runs, spread_error, spread_problems)
         status, note = judge(cell, run, crit, problems, kit)
-        if cell.plugin and spread_error and harness_error(spread_error) and status == "fail" and not run.error:
-            status = "harness-error"  # the spread run's start-up, not the plugin's
+        status = _spread_harness(cell, run, spread_error, status)
         c = crit[0] if crit else None
         source = "bf16 transformers"
         if c and c.floor_plain is not None and c.floor_plain > c.floor_bf16:
@@ -326,22 +342,13 @@ def rejudge(results: list[dict], runs: dict, spread_runs: dict, kit: str = "rand
         problems = []
         if cell.mode != "base" and r.get("identity"):
             problems += [p for p in [split_problem(r["identity"], cell.model, cell.kv)] if p]
-        family = Cell(cell.model, "base", 0, cell.kv, cell.graphs)
-        spread_run = spread_runs.get(family.id)
-        if cell.plugin and cell.model in BATCH_FLOOR_KINDS:
-            if spread_run is None:
-                problems.append("plain decoding over batch compositions (the spread run) did not run: this "
-                                "family's plain decoding in other batch shapes is unchecked")
-            elif spread_run.error and not run.error:
-                problems.append(f"plain decoding in other batch compositions (the spread run) failed: "
-                                f"{error_line(spread_run.error, list(HARNESS_ERRORS))}")
-            for name, cs in (r.get("spread") or {}).items():
-                problems += [f"plain decoding in batch composition {name!r} (the spread run): {Criterion(**c).text()}"
-                             for c in cs if not Criterion(**c).ok]
+        spread_run = spread_runs.get(Cell(cell.model, "base", 0, cell.kv, cell.graphs).id)
+        spread_error = "" if spread_run is None else spread_run.error
+        over = [_composition_problem(name, Criterion(**c).text()) for name, cs in (r.get("spread") or {}).items()
+                for c in cs if not Criterion(**c).ok]
+        problems += _family_problems(cell, run, spread_run is not None, spread_error, over)
         status, note = judge(cell, run, crit, problems, kit)
-        if cell.plugin and spread_run is not None and spread_run.error and harness_error(spread_run.error) \
-                and status == "fail" and not run.error:
-            status = "harness-error"
+        status = _spread_harness(cell, run, spread_error, status)
         fields = {**r, "status": status,
                   "error": note if run.error or status not in ("pass", "upstream-works") else ""}
         out.append(CellResult(**fields))

@@ -203,9 +203,7 @@ def accept_problem(run) -> str | None:
     model's mean acceptance length, each exact path ``MIN_PATH_STEPS`` times); None otherwise."""
     if run.mode == "base" or run.error:
         return None
-    mtp3 = (run.mode, run.k) == ("mtp", 3)
-    return acceptance.problem(run, min_length=acceptance.MIN_MTP_LENGTH_K3 if mtp3 else 0.0,
-                              min_path_steps=acceptance.MIN_PATH_STEPS if mtp3 else 0)
+    return acceptance.recall_kit_problem(run)
 
 
 def audit_kind(kind: str, model_dir: Path, configs: list[EngineConfig], settings: EngineSettings,
