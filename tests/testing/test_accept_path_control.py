@@ -40,7 +40,7 @@ def control(tmp_path_factory):
 
 
 def _wrong(ref, run, floor) -> list[str]:
-    crit, problems = judged(ref.audit(PROMPTS, run.tokens), floor)
+    crit, problems = judged(ref.audit(PROMPTS, run.tokens, run.logprobs), floor, require_drift=True)
     print(f"\n[accept-path control] {'; '.join(c.text() for c in crit)} accepted per position {run.accepted_per_pos}")
     return [c.text() for c in crit if not c.ok] + problems
 

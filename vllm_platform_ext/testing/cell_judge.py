@@ -242,12 +242,14 @@ def audit_cells(cells: list[Cell], models: dict, kit_errors: dict, runs: dict, s
 
     def audit_model(kind: str, path) -> None:  # one reference process per kit model, side by side
         gen = {c.id: runs[c].tokens for c in todo if c.model == kind and not runs[c].error}
+        lps = {c.id: runs[c].logprobs for c in todo if c.model == kind and not runs[c].error and runs[c].logprobs}
         for c, r in spread_runs.items():
             if c.model == kind and not r.error:
                 gen.update({f"spread|{c.id}|{name}": t for name, t in {"batch": r.tokens, **r.compositions}.items()})
         t0 = time.perf_counter()
         try:
-            floors[kind], audits[kind] = reference_audits(str(path), prompts, gen, max_tokens, python=reference_python)
+            floors[kind], audits[kind] = reference_audits(str(path), prompts, gen, max_tokens, python=reference_python,
+                                                          logprobs=lps)
         except Exception as exc:
             kit_errors[kind] = f"kit: the reference cannot audit {kind}: {type(exc).__name__}: {exc}"[-600:]
         log(f"[cells] reference audit of {kind} ({len(gen)} runs) in {time.perf_counter() - t0:.0f}s")

@@ -115,6 +115,7 @@ class EngineSettings:
     gpu_memory_utilization: float = 0.0  # 0: vLLM's default; several GPU engines share a GPU with less
     kv_cache_memory_bytes: int = 0  # >0: the KV cache in bytes where the line has it (no memory profiling)
     compositions: tuple = ()  # also generate the prompts in these other batch compositions (COMPOSITIONS)
+    logprobs: int = 20  # the top log-probabilities kept per generated position (audit.DRIFT_TOPK); 0: none
 
 
 @dataclass
@@ -138,6 +139,7 @@ class EngineRun:
     graphs: str = "eager"
     tp: int = 1
     ranks: list = field(default_factory=list)  # tp > 1: verify.ranks.rank_state() of each worker
+    logprobs: list = field(default_factory=list)  # per prompt, per position: [[token, logprob], ...] (settings.logprobs)
     compositions: dict = field(default_factory=dict)  # composition name -> one token list per prompt
     prefix_caching: bool = False
     prefix_cache_hits: int = 0  # tokens served from the prefix cache (vllm:prefix_cache_hits)
@@ -346,6 +348,16 @@ def timed_generate(llm, prompts: list[list[int]], sp, warmup_runs: int = 0) -> t
     return outs, gen_s, delta
 
 
+def _top_logprobs(completion) -> list:
+    """``[[token, logprob], ...]`` at each generated position of one vLLM completion (its
+    ``logprobs``: one ``{token: Logprob}`` per position), in the engine's own rank order."""
+    rows = completion.logprobs
+    if rows is None or len(rows) != len(completion.token_ids):
+        raise RuntimeError(f"asked for logprobs, got {'none' if rows is None else len(rows)} positions of "
+                           f"{len(completion.token_ids)}")
+    return [[[int(t), float(lp.logprob)] for t, lp in row.items()] for row in rows]
+
+
 def run_engine(model: str, prompts: list[list[int]], cfg: EngineConfig,
                settings: EngineSettings = EngineSettings(), llm_kwargs: dict | None = None,
                then=None) -> EngineRun:
@@ -376,7 +388,7 @@ def run_engine(model: str, prompts: list[list[int]], cfg: EngineConfig,
     path = engine_path(llm)
     try:
         sp = SamplingParams(max_tokens=settings.max_tokens, temperature=0.0, ignore_eos=True,
-                            detokenize=False)
+                            detokenize=False, logprobs=settings.logprobs or None)
         outs, gen_s, spec = timed_generate(llm, prompts, sp, settings.warmup_runs)
         from vllm_platform_ext.testing.ranks import rank_state, route_states
 
@@ -390,12 +402,13 @@ def run_engine(model: str, prompts: list[list[int]], cfg: EngineConfig,
     finally:
         _shutdown(llm)
     tokens = [list(o.outputs[0].token_ids) for o in outs]
+    logprobs = [_top_logprobs(o.outputs[0]) for o in outs] if settings.logprobs else []
     run = EngineRun(mode=cfg.mode, k=cfg.k, tokens=tokens, init_s=init_s, generate_s=gen_s,
                     num_generated=sum(len(t) for t in tokens), patches=plugin_patch_status(),
                     ssm_cache_dtype=cfg.ssm_cache_dtype, engine_path=path,
                     kv_cache_dtype=cfg.kv_cache_dtype, graphs=cfg.graphs, tp=cfg.tp, ranks=ranks,
                     compositions=comps, prefix_caching=cfg.prefix_caching, routes=routes, routes_error=routes_error,
-                    **spec)
+                    logprobs=logprobs, **spec)
     for i, t in enumerate(tokens):
         if len(t) != settings.max_tokens:
             raise RuntimeError(f"{run.label}: prompt {i} got {len(t)} tokens, expected {settings.max_tokens}")

@@ -225,14 +225,16 @@ def audit_kind(kind: str, model_dir: Path, configs: list[EngineConfig], settings
         for line in rank_lines(run.ranks):
             log(f"[verify] {kind} {run.label}: {line}")
     # the float32 reference in its own process (VPE_REFERENCE_PYTHON: a transformers that has the model)
-    floor_res, audits = reference_audits(str(model_dir), prompts, {str(i): r.tokens for i, r in enumerate(runs)
-                                                                   if not r.error}, settings.max_tokens)
+    ok_runs = {str(i): r for i, r in enumerate(runs) if not r.error}
+    floor_res, audits = reference_audits(str(model_dir), prompts, {k: r.tokens for k, r in ok_runs.items()},
+                                         settings.max_tokens, logprobs={k: r.logprobs for k, r in ok_runs.items()})
     rows = []
     for i, run in enumerate(runs):
         crit, problems = [], []
         if not run.error:
             a, j = audits[str(i)], _plain_index(runs, i)
-            crit, problems = judged(a, floor_res, None if j is None else audits[str(j)], alpha)
+            crit, problems = judged(a, floor_res, None if j is None else audits[str(j)], alpha,
+                                    require_drift=bool(settings.logprobs))
             if j is not None:
                 ident = compare(run.tokens, runs[j].tokens, a.regrets, audits[str(j)].regrets)
                 problems += [p for p in [split_problem(ident, kind, run.kv_cache_dtype)] if p]
