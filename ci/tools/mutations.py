@@ -40,9 +40,8 @@ MUTATIONS = (
         "issue 29: the verify route handed the op kv_cache.transpose(1, 2) on every line (634eb0c); on 0.23 "
         "the block size was read as the KV-head count ('num_q_heads 4 is not a multiple of num_kv_heads 64')",
         "vllm_platform_ext/patch/turboquant/spec_verify.py",
-        "        view = layout.op_view(kv_cache)\n"
-        "        reason = layout.check(view, int(impl.num_kv_heads),\n"
-        "                              layout_for(impl.kv_cache_dtype, int(impl.head_size)).slot_size_aligned)\n",
+        "        view = known[0].op_view(kv_cache)\n"
+        "        reason = known[0].check(view, int(impl.num_kv_heads), known[1])\n",
         "        view, reason = kv_cache.transpose(1, 2), None\n",
         ("tests/patch/test_turboquant_engine_contract.py::test_verify_route_in_the_lines_own_cache[0.23]",),
     ),
@@ -111,6 +110,16 @@ MUTATIONS = (
         ("tests/testing/test_gdn_engine_audit.py::test_engine_tokens_match_fp32_reference_second_kit[no-avx512bf16-mtpk=3]",),
     ),
     Mutation(
+        "tq-verify-causal-off-by-one",
+        "issue 49: the TurboQuant K+1 verify op (ops/turboquant/triton_verify.turboquant_verify_attention, every "
+        "kernel it launches) gives each verify row one position too few: draft i is verified against the "
+        "context of the row before it (and a routed decode row misses its own token)",
+        "vllm_platform_ext/ops/turboquant/triton_verify.py",
+        "    dev = query.device\n",
+        "    dev = query.device\n    seq_lens = seq_lens - 1\n",
+        ("tests/ops/test_turboquant_triton_interp.py::test_triton_kernel_equals_reference_under_interpreter",),
+    ),
+    Mutation(
         "tq-rows-causal-off-by-one",
         "issue 49: the TurboQuant route's one-row-per-token verify (ops/turboquant/routing.spec_verify_rows) gives "
         "each row one token too few (its own): a verify row after partial drafts attends to the window of the "
@@ -151,11 +160,34 @@ def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("names", nargs="*", help=f"mutations to run (default all): {', '.join(m.name for m in MUTATIONS)}")
     ap.add_argument("--baseline", action="store_true", help="also run each mutation's tests on the unmutated copy")
+    ap.add_argument("--tree", type=pathlib.Path, metavar="DIR",
+                    help="write the one named mutation's copy of the tree to DIR (empty or new) and run nothing: "
+                         "a GPU engine run builds its wheel from it")
+    ap.add_argument("--apply", type=pathlib.Path, metavar="DIR",
+                    help="put the one named mutation into the package under DIR in place (a tree, or the "
+                         "site-packages of a throwaway venv on the GPU machine, whose git metadata may be stale) "
+                         "and run nothing")
     args = ap.parse_args(argv)
     known = {m.name: m for m in MUTATIONS}
     unknown = [n for n in args.names if n not in known]
     if unknown:
         ap.error(f"unknown mutation(s) {', '.join(unknown)}; valid: {', '.join(known)}")
+    if args.apply is not None:
+        if len(args.names) != 1:
+            ap.error("--apply takes exactly one mutation name")
+        _apply(args.apply, known[args.names[0]])
+        print(f"{args.names[0]}: put into {args.apply / known[args.names[0]].path}")
+        return 0
+    if args.tree is not None:
+        if len(args.names) != 1:
+            ap.error("--tree takes exactly one mutation name")
+        if args.tree.exists() and any(args.tree.iterdir()):
+            ap.error(f"--tree {args.tree}: not empty")
+        args.tree.mkdir(parents=True, exist_ok=True)
+        _copy(args.tree)
+        _apply(args.tree, known[args.names[0]])
+        print(f"{args.names[0]}: mutated copy in {args.tree}")
+        return 0
     survived = 0
     print("| mutation | bug put back | tests | unmutated | mutated | s |")
     print("|---|---|---|---|---|---|")

@@ -483,7 +483,7 @@ def test_run_cells_fails_a_family_the_kit_cannot_write_and_judges_the_rest(monke
         return [EngineRun(mode=cfg.mode, k=cfg.k, tokens=[[5]] * len(prompts), num_draft_tokens=6,
                           num_accepted_tokens=2)]
 
-    def reference(path, prompts, generated, max_tokens, python=None):
+    def reference(path, prompts, generated, max_tokens, python=None, logprobs=None):
         audited[path] = dict(generated)
         return _Audit(0.01), {k: _Audit(0.02) for k in generated}
 
@@ -551,7 +551,7 @@ def test_moe_family_spread_is_judged_against_bf16_and_is_no_floor(monkeypatch, t
     # 0.06 + 0.02, a pass); k8v4: 'pairs' 9 (over its limit), the MTP cell 0
     bad = {("auto", "pairs"): 0.06, ("k8v4", "pairs"): 0.09, ("auto", "mtp"): 0.07, ("k8v4", "mtp"): 0.0}
 
-    def reference(path, prompts, generated, max_tokens, python=None):
+    def reference(path, prompts, generated, max_tokens, python=None, logprobs=None):
         def frac(key):
             kv = "k8v4" if "k8v4" in key else "auto"
             part = key.rsplit("|", 1)[1] if key.startswith("spread|") else "mtp"
@@ -590,7 +590,7 @@ def test_a_spread_run_that_crashed_fails_the_familys_plugin_cells(monkeypatch, t
     monkeypatch.setenv("VPE_KIT", "random")  # stub engines: no per-position acceptance counts
     monkeypatch.setattr(cells, "make_tiny_model", lambda kind, out, dims, target="random": out)
     monkeypatch.setattr(cells, "run_in_subprocess", engine)
-    monkeypatch.setattr(cell_judge, "reference_audits", lambda path, prompts, gen, mt, python=None:
+    monkeypatch.setattr(cell_judge, "reference_audits", lambda path, prompts, gen, mt, python=None, logprobs=None:
                         (_Audit(0.0), {k: _Audit(0.0) for k in gen}))
     todo = [cells.Cell("qwen3_5_moe", "mtp", 3), cells.Cell("qwen3_5_moe", "mtp", 3, plugin=False)]
     err = {"text": "RuntimeError: CUDA error: an illegal memory access was encountered"}
@@ -653,7 +653,7 @@ def test_speculative_cell_floor_is_the_same_presets_plain_decoding_capped(monkey
            "qwen3_next-base-4bit_nc-full_and_piecewise-on": 0.30, "qwen3_next-mtp3-4bit_nc-full_and_piecewise-on": 0.14,
            "qwen3_next-mtp3-k8v4-full_and_piecewise-off": 0.03}
 
-    def reference(path, prompts, generated, max_tokens, python=None):
+    def reference(path, prompts, generated, max_tokens, python=None, logprobs=None):
         return _Audit(0.01), {k: _Audit(bad[k]) for k in generated}
 
     monkeypatch.setenv("VPE_KIT", "random")  # stub engines: no per-position acceptance counts

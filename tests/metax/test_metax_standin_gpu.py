@@ -413,7 +413,7 @@ def test_metax_standin_suite_and_the_plugin_off_cell_keeps_vllm_metax(tmp_path, 
 
     refs = []
 
-    def reference(path, prompts, generated, max_tokens, python=None):
+    def reference(path, prompts, generated, max_tokens, python=None, logprobs=None):
         refs.append(dict(os.environ))
         return Audit(0.01), {k: Audit(0.01) for k in generated}
 

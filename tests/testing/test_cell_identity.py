@@ -64,7 +64,7 @@ def test_audit_cells_reports_identity_against_the_same_presets_plain_run():
         spec_r[p][pos] = 0.02 + 0.01 * p  # a near-tie: the other token of the same context
     audits = {c.id: AuditResult(spec_r if c in (mtp, maca) else zeros) for c in runs}
 
-    def reference(path, prompts, generated, max_tokens, python=None):
+    def reference(path, prompts, generated, max_tokens, python=None, logprobs=None):
         return AuditResult(zeros), audits
 
     orig = cell_judge.reference_audits
@@ -138,7 +138,7 @@ def test_plain_sibling_of_a_speculative_cell_runs_the_batch_compositions(monkeyp
     monkeypatch.setattr(cells, "make_tiny_model", lambda kind, out, dims, target="random": out)
     monkeypatch.setattr(cells, "run_in_subprocess", engine)
     monkeypatch.setattr(cell_judge, "reference_audits",
-                        lambda path, prompts, gen, mt, python=None: (AuditResult([[0.0] * 3]),
+                        lambda path, prompts, gen, mt, python=None, logprobs=None: (AuditResult([[0.0] * 3]),
                                                                       {k: AuditResult([[0.0] * 3]) for k in gen}))
     todo = [cells.Cell("qwen3_next", "base", 0, "turboquant_k8v4"), cells.Cell("qwen3_next", "mtp", 3, "turboquant_k8v4"),
             cells.Cell("qwen3_next", "base", 0, "auto")]

@@ -35,7 +35,7 @@ def _run_cells(monkeypatch, tmp_path, todo, regrets, tokens=None, floor=None):
     monkeypatch.setenv("VPE_KIT", "random")  # stub engines: no per-position acceptance counts
     monkeypatch.setattr(cells, "make_tiny_model", lambda kind, out, dims, target="random": out)
     monkeypatch.setattr(cells, "run_in_subprocess", engine)
-    monkeypatch.setattr(cell_judge, "reference_audits", lambda path, prompts, gen, mt, python=None: (
+    monkeypatch.setattr(cell_judge, "reference_audits", lambda path, prompts, gen, mt, python=None, logprobs=None: (
         AuditResult(floor or _regrets()), {k: AuditResult(regrets.get(k, _regrets())) for k in gen}))
     return {r.id: r for r in cells.run_cells(todo, tmp_path, cells.settings_for("core", 1), parallel=1)}
 
@@ -118,7 +118,7 @@ def test_a_batch_floor_family_without_its_spread_run_is_unchecked(monkeypatch):
     todo = [cells.Cell("qwen3_5_moe", "mtp", 3), cells.Cell("qwen3_5_moe", "mtp", 3, plugin=False),
             cells.Cell("qwen3_next", "mtp", 3)]
     runs = {c: EngineRun(mode="mtp", k=3, tokens=[[5] * N] * P, num_draft_tokens=6, num_accepted_tokens=2) for c in todo}
-    monkeypatch.setattr(cell_judge, "reference_audits", lambda path, prompts, gen, mt, python=None: (
+    monkeypatch.setattr(cell_judge, "reference_audits", lambda path, prompts, gen, mt, python=None, logprobs=None: (
         AuditResult(_regrets()), {k: AuditResult(_regrets()) for k in gen}))
     got = {r.id: r for r in cell_judge.audit_cells(todo, {"qwen3_5_moe": "/m", "qwen3_next": "/n"}, {}, runs, {},
                                                     default_prompts(), N, log=lambda *_: None)}

@@ -127,7 +127,7 @@ def _rows(monkeypatch, kind: str, regrets: dict, tokens: dict | None = None, flo
                           num_draft_tokens=0 if c.mode == "base" else 10, num_accepted_tokens=0 if c.mode == "base"
                           else 4, patches={}) for c in cfgs]
 
-    def reference(path, prompts, generated, max_tokens, python=None):
+    def reference(path, prompts, generated, max_tokens, python=None, logprobs=None):
         modes = [c.mode for c in configs]
         return AuditResult(floor or [[0.0] * 128] * P), {k: AuditResult(regrets[modes[int(k)]]) for k in generated}
 

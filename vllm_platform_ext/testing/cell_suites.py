@@ -86,6 +86,13 @@ SUITES: dict[str, list[Cell]] = {
     "tq-quick": [Cell("qwen3_next", mode, k, kv) for kv in ("turboquant_k8v4", "auto")
                  for mode, k in (("base", 0), ("mtp", 3), ("ngram", 3)) if (kv, mode) != ("auto", "ngram")]
     + [Cell("qwen3_5", "mtp", 3, "turboquant_k8v4")],
+    # the TurboQuant route's accept path under a planted bug (ci/tools/mutations.py --apply, issue 49 item 4):
+    # the K+1 verify op under MTP k=3 and ngram k=3, plain decoding on the same preset, Qwen3.5 dense MTP k=3
+    "tq-accept": [Cell("qwen3_next", mode, k, "turboquant_k8v4") for mode, k in (("base", 0), ("mtp", 3), ("ngram", 3))]
+    + [Cell("qwen3_5", "mtp", 3, "turboquant_k8v4")],
+    # the one-row-per-token route (ngram rows of fewer drafts: MTP always proposes k, and the recall kit's
+    # n-gram matches are always full, so run it on the random kit, VPE_KIT=random)
+    "tq-rows": [Cell("qwen3_next", mode, k, "turboquant_k8v4") for mode, k in (("base", 0), ("ngram", 3))],
     # where ngram k=3 on k8v4 goes wrong (H100, 0.23: 17% bad with the route on): the route off
     # (vLLM's own path, workspace reserved), eager, and the MACA stand-in again
     "tq-diag": [Cell("qwen3_next", "ngram", 3, "turboquant_k8v4", disable="turboquant_spec_verify"),

@@ -234,7 +234,7 @@ def audit_kind(kind: str, model_dir: Path, configs: list[EngineConfig], settings
         if not run.error:
             a, j = audits[str(i)], _plain_index(runs, i)
             crit, problems = judged(a, floor_res, None if j is None else audits[str(j)], alpha,
-                                    require_drift=bool(settings.logprobs))
+                                    require_drift=bool(run.logprobs))  # kept: the engine was asked (run_engine)
             if j is not None:
                 ident = compare(run.tokens, runs[j].tokens, a.regrets, audits[str(j)].regrets)
                 problems += [p for p in [split_problem(ident, kind, run.kv_cache_dtype)] if p]
