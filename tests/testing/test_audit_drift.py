@@ -98,3 +98,20 @@ def test_bad_input_is_named(ref):
         ref.audit([prompt], [gen], [[], []])
     with pytest.raises(ValueError, match="no drift recorded"):
         AuditResult([[0.0]]).drift_count()
+
+
+def test_reference_process_audits_drift_beside_regret(ref):
+    """The reference in its own process (audit.reference_audits, as the cells and verify call it):
+    drift for the entries with logprobs, none for the others, the floor's own drift."""
+    from vllm_platform_ext.testing.audit import reference_audits
+
+    prompt = _prompt()
+    gen = ref.greedy(prompt, 6, dtype="fp32")
+    rows = ref.logprobs(prompt + gen[:-1])[len(prompt) - 1:]
+    top = [[[int(t), float(rows[j, t]) + (0.5 if j == 2 else 0.0)] for t in rows[j].topk(5).indices] for j in range(6)]
+    floor, audits = reference_audits(ref.model_dir, [prompt], {"a": [gen], "b": [gen]}, 6, logprobs={"a": [top]})
+    assert floor.has_drift and audits["a"].has_drift and not audits["b"].has_drift
+    assert audits["a"].drift_count(DRIFT_NATS) == 1 and abs(audits["a"].drift[0][2] - 0.5) < 1e-4
+    assert audits["a"].regrets == audits["b"].regrets
+    with pytest.raises(ValueError, match="logprobs for entries not generated"):
+        reference_audits(ref.model_dir, [prompt], {"a": [gen]}, 6, logprobs={"c": [top]})
