@@ -112,21 +112,21 @@ MUTATIONS = (
     Mutation(
         "tq-verify-causal-off-by-one",
         "issue 49: the TurboQuant K+1 verify op (ops/turboquant/triton_verify.turboquant_verify_attention, every "
-        "kernel it launches) gives each verify row one position too few: draft i is verified against the "
-        "context of the row before it (and a routed decode row misses its own token)",
+        "kernel it launches) gives each verify row one position too many: draft i is verified with draft i+1 "
+        "in view, so the target leans to accepting the drafts (one too few is invisible on the recall kit: its "
+        "attention gives a row's own position no weight, 2026-12-02)",
         "vllm_platform_ext/ops/turboquant/triton_verify.py",
         "    dev = query.device\n",
-        "    dev = query.device\n    seq_lens = seq_lens - 1\n",
+        "    dev = query.device\n    seq_lens = seq_lens + 1\n",
         ("tests/ops/test_turboquant_triton_interp.py::test_triton_kernel_equals_reference_under_interpreter",),
     ),
     Mutation(
         "tq-rows-causal-off-by-one",
         "issue 49: the TurboQuant route's one-row-per-token verify (ops/turboquant/routing.spec_verify_rows) gives "
-        "each row one token too few (its own): a verify row after partial drafts attends to the window of the "
-        "row before it",
+        "each row one token too many: a verify row after partial drafts sees the draft after it",
         "vllm_platform_ext/ops/turboquant/routing.py",
         "    after = [q - 1 - t for q in lens for t in range(q)]\n",
-        "    after = [q - t for q in lens for t in range(q)]\n",
+        "    after = [q - 2 - t for q in lens for t in range(q)]\n",
         ("tests/patch/test_turboquant_wiring.py", "tests/patch/test_turboquant_layout.py"),
     ),
 )
