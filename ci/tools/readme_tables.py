@@ -154,7 +154,10 @@ def gpu_device(device: str) -> str:
 def gpu_table(results_dir: pathlib.Path = GPU_RESULTS) -> str:
     files = sorted(results_dir.rglob("*.md"), key=lambda p: p.name) if results_dir.is_dir() else []
     # engine matrices only (testing/cells.py's "Measured ... on ..." table); other records there (window times) are not rows
-    files = [f for f in files if f.name not in ("README.md", "DIARY.md") and "\n| model | spec |" in f.read_text()]
+    # and not a run with a bug planted on purpose (a "- planted:" header line, ci/tools/mutations.py): its verdicts
+    # judge the audit, not the plugin
+    files = [f for f in files if f.name not in ("README.md", "DIARY.md") and "\n| model | spec |" in f.read_text()
+             and "\n- planted: " not in f.read_text()]
     if not files:
         return ("No GPU engine matrix result is committed yet (`results/gpu/` has none): nothing on "
                 "NVIDIA is claimed here beyond the kernel and wiring tests above.")

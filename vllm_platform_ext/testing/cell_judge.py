@@ -78,6 +78,7 @@ class CellResult:
     # ... and every threshold's bounds.Criterion as a dict (0.5 nats, then 0.1)
     criteria: list = field(default_factory=list)
     spread: dict = field(default_factory=dict)  # batch-floor family: composition -> its criteria (vs bf16)
+    recorded: list = field(default_factory=list)  # criteria measured but not judged (see judged_criteria)
 
 
 def versions() -> dict:
@@ -229,6 +230,18 @@ def _plain_key(cell: Cell, runs: dict, spread_runs: dict) -> str | None:
     return None
 
 
+def judged_criteria(cell: Cell, crit: list) -> tuple[list, list]:
+    """(judged, recorded) of a cell's criteria. Drift is judged on unquantized KV only: on TurboQuant
+    KV the preset's own quantization moves the log-probabilities of 20-93% of positions past
+    audit.DRIFT_NATS in plain decoding (177-832 of 896 on the H200, vLLM 0.26.0), by some 10% more or
+    less between identical runs, and speculative cells sit 20-40% above their plain cell with the
+    plugin's route unchanged (2026-12-02, results/gpu/2026-12-02-drift-tq-mutations/): no floor in
+    the run separates a bug from that. There it is recorded beside the judged criteria."""
+    if cell.kv == "auto":
+        return list(crit), []
+    return [c for c in crit if c.measure != "drift"], [c for c in crit if c.measure == "drift"]
+
+
 def audit_cells(cells: list[Cell], models: dict, kit_errors: dict, runs: dict, spread_runs: dict, prompts: list,
                 max_tokens: int, alpha: float = ALPHA, log=print, reference_python: str | None = None,
                 kit: str = "random") -> list[CellResult]:
@@ -270,6 +283,7 @@ def audit_cells(cells: list[Cell], models: dict, kit_errors: dict, runs: dict, s
         audit = None if run.error else mine[cell.id]
         key = _plain_key(cell, runs, spread_runs)
         crit, problems = ([], []) if audit is None else judged(audit, bf16, mine.get(key) if key else None, alpha)
+        crit, recorded = judged_criteria(cell, crit)
         family = Cell(cell.model, "base", 0, cell.kv, cell.graphs)
         spread, fractions, spread_problems, spread_error = _spread(family, spread_runs, mine, bf16, alpha)
         ident, ident_floor = _identity(cell, runs, spread_runs, mine)
@@ -296,7 +310,7 @@ def audit_cells(cells: list[Cell], models: dict, kit_errors: dict, runs: dict, s
             floor_source=source, plain_spread=fractions, identity=ident, identity_floor=ident_floor,
             bad_count=None if audit is None else audit.bad, floor_bf16=bf16.bad,
             floor_plain=c.floor_plain if c else None, limit=c.limit if c else None,
-            criteria=[x.as_dict() for x in crit], spread=spread))
+            criteria=[x.as_dict() for x in crit], spread=spread, recorded=[x.as_dict() for x in recorded]))
     return out
 
 
@@ -341,6 +355,8 @@ def rejudge(results: list[dict], runs: dict, spread_runs: dict, kit: str = "rand
             out.append(CellResult(**r))
             continue
         crit = [Criterion(**c) for c in r.get("criteria") or []]
+        crit, recorded = judged_criteria(cell, crit)
+        recorded += [Criterion(**c) for c in r.get("recorded") or []]
         problems = []
         if cell.mode != "base" and r.get("identity"):
             problems += [p for p in [split_problem(r["identity"], cell.model, cell.kv)] if p]
@@ -351,7 +367,8 @@ def rejudge(results: list[dict], runs: dict, spread_runs: dict, kit: str = "rand
         problems += _family_problems(cell, run, spread_run is not None, spread_error, over)
         status, note = judge(cell, run, crit, problems, kit)
         status = _spread_harness(cell, run, spread_error, status)
-        fields = {**r, "status": status,
+        fields = {**r, "status": status, "criteria": [c.as_dict() for c in crit],
+                  "recorded": [c.as_dict() for c in recorded],
                   "error": note if run.error or status not in ("pass", "upstream-works") else ""}
         out.append(CellResult(**fields))
     return out
