@@ -116,6 +116,7 @@ def _rows(monkeypatch, kind: str, regrets: dict, tokens: dict | None = None, flo
     """audit_kind with the engine and the reference stubbed: ``regrets[mode]`` is each row's audit
     (one list per prompt), ``tokens[mode]`` its ids (default: the same for every row)."""
     from vllm_platform_ext.testing.engine import EngineSettings
+    from vllm_platform_ext.testing.engine import EngineSettings
     from vllm_platform_ext.testing.prompts import default_prompts
 
     configs = runner.parse_modes("base,mtp:2,ngram:2")
@@ -196,3 +197,36 @@ def test_verify_split_rule_where_it_applies(monkeypatch):
     assert _rows(monkeypatch, "qwen3_5_moe", regrets, {"mtp": spec})["mtp"].passed
     spec_r[2][5] = 0.3  # a near-tie split: not a wrong token
     assert _rows(monkeypatch, "qwen3_next", regrets, {"mtp": spec})["mtp"].passed
+
+
+def test_verify_drift_fails_alone_and_has_its_column(monkeypatch):
+    """An engine whose tokens are the reference's own but whose log-probabilities drift (a state wrong by
+    one token's update, tokens unchanged) fails on drift alone; the table shows drift's counts."""
+    from vllm_platform_ext.testing.audit import AuditResult
+
+    from vllm_platform_ext.testing.engine import EngineSettings
+    from vllm_platform_ext.testing.prompts import default_prompts
+
+    P, n = len(default_prompts()), 128
+    configs = runner.parse_modes("base,mtp:2")
+
+    def engine(model, prompts, cfgs, settings, env=None, log_path=None):
+        return [EngineRun(mode=c.mode, k=c.k, tokens=[[7] * n] * P, num_drafts=5, logprobs=[[[[7, 0.0]]] * n] * P,
+                          num_draft_tokens=0 if c.mode == "base" else 10,
+                          num_accepted_tokens=0 if c.mode == "base" else 4) for c in cfgs]
+
+    def reference(path, prompts, generated, max_tokens, python=None, logprobs=None):
+        assert set(logprobs) == set(generated)  # every run's logprobs went to the reference
+        drift = {"0": 0, "1": 40}
+        out = {k: AuditResult([[0.0] * n] * P, drift=[[0.5] * drift[k] + [0.0] * (n - drift[k])] + [[0.0] * n] * (P - 1))
+               for k in generated}
+        return AuditResult([[0.0] * n] * P, drift=[[0.0] * n] * P), out
+
+    monkeypatch.setattr(runner, "run_in_subprocess", engine)
+    monkeypatch.setattr(runner, "reference_audits", reference)
+    rows = {r.mode: r for r in runner.audit_kind("qwen3_next", "/kit", configs, EngineSettings(max_tokens=n), 0.01,
+                                                 None, log=lambda *_: None)}
+    assert rows["base"].passed and not rows["mtp"].passed
+    assert rows["mtp"].note == "40 of 896 positions drift > 0.2 nats, limit 4 (bf16 floor 0, plain decoding 0)"
+    table = runner.format_table(list(rows.values()))
+    assert "drift>0.2" in table and "40/0/4" in table

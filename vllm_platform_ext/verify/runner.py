@@ -29,7 +29,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from vllm_platform_ext.testing.audit import BAD_NATS, STRICT_NATS, reference_audits
+from vllm_platform_ext.testing.audit import BAD_NATS, DRIFT_NATS, DRIFT_TOPK, STRICT_NATS, reference_audits
 from vllm_platform_ext.testing.bounds import ALPHA, judged
 from vllm_platform_ext.testing.cpu_paths import NO_AVX512_BF16, PATHS, env_for
 from vllm_platform_ext.testing.engine import (GRAPH_MODES, MODES, EngineConfig, EngineRun, EngineSettings,
@@ -265,7 +265,8 @@ def format_table(rows: list[Row], alpha: float = ALPHA) -> str:
     n = next((r.positions for r in rows if r.positions), 0)
     head = (f"{'model':<13} {'mode':<6} {'k':>2} " + (f"{'tp':>2} " if tp else "")
             + (f"{'kv':<9} {'graphs':<18} " if extra else "")
-            + f"{f'>{BAD_NATS:g}':>11} {f'>{STRICT_NATS:g}':>11} {'drafts':>6} {'acc/draft':>10} {'init s':>6} "
+            + f"{f'>{BAD_NATS:g}':>11} {f'>{STRICT_NATS:g}':>11} {f'drift>{DRIFT_NATS:g}':>11} {'drafts':>6} "
+              f"{'acc/draft':>10} {'init s':>6} "
               f"{'gen s':>6}  result")
     lines = [head, "-" * len(head)]
     for r in rows:
@@ -274,7 +275,8 @@ def format_table(rows: list[Row], alpha: float = ALPHA) -> str:
         res = "PASS" if r.passed else "FAIL"
         note, *more = r.note.splitlines() or [""]
         tp_col = f"{r.tp:>2} " if tp else ""
-        lines.append(f"{r.model:<13} {r.mode:<6} {r.k:>2} {tp_col}{cfg}{_counts(r, 0):>11} {_counts(r, 1):>11} "
+        drift = _counts(r, 2) if len(r.criteria) > 2 else ("-" if r.criteria else "err")
+        lines.append(f"{r.model:<13} {r.mode:<6} {r.k:>2} {tp_col}{cfg}{_counts(r, 0):>11} {_counts(r, 1):>11} {drift:>11} "
                      f"{r.drafts:>6} {acc:>10} {r.init_s:6.1f} "
                      f"{r.generate_s:6.1f}  {res}{'  (' + note + ')' if note else ''}")
         lines += [f"    {ln}" for ln in more]
@@ -283,7 +285,8 @@ def format_table(rows: list[Row], alpha: float = ALPHA) -> str:
     lines.append(f">N = bad/floor/limit: of the {n} generated positions, those whose regret under transformers "
                  f"float32 exceeds N nats; floor = the same for transformers bf16 greedy (a speculative row: or its "
                  f"plain row's, capped at that row's limit); limit = the {1 - alpha:g} binomial quantile at the "
-                 f"floor's rate (testing/bounds.py)")
+                 f"floor's rate (testing/bounds.py); drift>{DRIFT_NATS:g} = the same count for positions whose top-"
+                 f"{DRIFT_TOPK} log-probabilities sit more than {DRIFT_NATS:g} nats from float32's")
     return "\n".join(lines)
 
 
