@@ -148,7 +148,7 @@ def engine_setup(job: dict):
     s = job["setup"]
     pairs = [tuple(p) for p in job["pairs"]]
     cfg = EngineConfig(s["mode"], s["k"], kv_cache_dtype=s["kv"], graphs=s["graphs"], tp=job.get("tp", 1))
-    settings = EngineSettings(max_tokens=job["max_tokens"], max_num_seqs=max(max(b for b, _ in pairs), 1),
+    settings = EngineSettings(max_tokens=job["max_tokens"], logprobs=0, max_num_seqs=max(max(b for b, _ in pairs), 1),
                               max_num_batched_tokens=job["max_num_batched_tokens"],
                               max_model_len=max(c for _, c in pairs) + job["max_tokens"] + 8,
                               gpu_memory_utilization=job["gpu_memory_utilization"], warmup_runs=1,

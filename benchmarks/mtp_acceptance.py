@@ -68,7 +68,7 @@ def measure(model: str, prompts, k: int, max_tokens: int, capture: bool, method:
             extra["captured"] = _CAPTURED[1:]
             _CAPTURED[:] = []
 
-    settings = EngineSettings(max_tokens=max_tokens, max_num_batched_tokens=256, max_model_len=512)
+    settings = EngineSettings(max_tokens=max_tokens, max_num_batched_tokens=256, max_model_len=512, logprobs=0)
     run = run_engine(model, prompts, EngineConfig(mode=method, k=k), settings, then=then)
     al = 1 + run.num_accepted_tokens / run.num_drafts if run.num_drafts else 0.0
     return {"drafts": run.num_drafts, "draft_tokens": run.num_draft_tokens, "accepted": run.num_accepted_tokens,
@@ -147,7 +147,7 @@ def main(argv=None) -> int:
         if not a.no_base:
             path = Path(a.work) / f"{kind}_{a.mtp[0]}"
             base = run_engine(str(path), prompts, EngineConfig(),
-                              EngineSettings(max_tokens=a.max_tokens, max_num_batched_tokens=256, max_model_len=512))
+                              EngineSettings(max_tokens=a.max_tokens, max_num_batched_tokens=256, max_model_len=512, logprobs=0))
             rows["tokens_equal_base"] = {m: rows[m]["tokens"] == base.tokens for m in a.mtp}
             rows["positions_differing"] = {m: sum(x != y for r, b in zip(rows[m]["tokens"], base.tokens)
                                                   for x, y in zip(r, b)) for m in a.mtp}

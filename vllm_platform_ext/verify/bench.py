@@ -42,7 +42,7 @@ def main(argv=None) -> int:
     r = random.Random(0)
     h = hot_token_ids()
     prompts = [[r.choice(h) for _ in range(a.prompt_len)] for _ in range(a.num_prompts)]
-    settings = EngineSettings(max_tokens=a.max_tokens, max_num_seqs=max(a.num_prompts, 1),
+    settings = EngineSettings(max_tokens=a.max_tokens, logprobs=0, max_num_seqs=max(a.num_prompts, 1),
                               max_num_batched_tokens=max(a.max_num_batched_tokens, a.num_prompts),
                               max_model_len=a.prompt_len + a.max_tokens + 16, warmup_runs=1)
     with tempfile.TemporaryDirectory() as tmp:
