@@ -40,9 +40,8 @@ MUTATIONS = (
         "issue 29: the verify route handed the op kv_cache.transpose(1, 2) on every line (634eb0c); on 0.23 "
         "the block size was read as the KV-head count ('num_q_heads 4 is not a multiple of num_kv_heads 64')",
         "vllm_platform_ext/patch/turboquant/spec_verify.py",
-        "        view = layout.op_view(kv_cache)\n"
-        "        reason = layout.check(view, int(impl.num_kv_heads),\n"
-        "                              layout_for(impl.kv_cache_dtype, int(impl.head_size)).slot_size_aligned)\n",
+        "        view = known[0].op_view(kv_cache)\n"
+        "        reason = known[0].check(view, int(impl.num_kv_heads), known[1])\n",
         "        view, reason = kv_cache.transpose(1, 2), None\n",
         ("tests/patch/test_turboquant_engine_contract.py::test_verify_route_in_the_lines_own_cache[0.23]",),
     ),
