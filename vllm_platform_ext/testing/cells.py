@@ -33,7 +33,8 @@ from vllm_platform_ext.testing import cell_tokens
 from vllm_platform_ext.testing.bounds import ALPHA
 from vllm_platform_ext.testing.cell_judge import _plain_siblings, audit_cells
 from vllm_platform_ext.testing.cell_replay import RunsFile  # the engines' tokens, kept as they finish
-from vllm_platform_ext.testing.cell_suites import BATCH_FLOOR_KINDS, MEMORY_MODES, SUITES, Cell, select, settings_for
+from vllm_platform_ext.testing.cell_suites import (BATCH_FLOOR_KINDS, MAX_TOKENS, MEMORY_MODES, SUITES, Cell, select,
+                                                   settings_for)
 from vllm_platform_ext.testing.cells_report import report
 from vllm_platform_ext.testing.engine import COMPOSITIONS, EngineRun, EngineSettings, run_in_subprocess
 from vllm_platform_ext.testing.prompts import default_prompts
@@ -134,7 +135,12 @@ def main(argv=None) -> int:
     ap.add_argument("--engine-env", type=Path, default=None,
                     help="a JSON object of environment variables every engine process gets (not the reference)")
     ap.add_argument("--plugins-off", default="", help="VLLM_PLUGINS of plugin-off cells (default: no plugin)")
+    ap.add_argument("--max-tokens", type=int, default=MAX_TOKENS,
+                    help=f"greedy tokens a prompt (default {MAX_TOKENS}, the suites' audit size; fewer: a quicker "
+                         "check of the harness itself, as CI's tests/ci/test_gpu_harness.py runs the CPU suite)")
     a = ap.parse_args(argv)
+    if not 1 <= a.max_tokens <= MAX_TOKENS:  # the context (MAX_MODEL_LEN) has room for MAX_TOKENS and k drafts
+        ap.error(f"--max-tokens {a.max_tokens}: want 1..{MAX_TOKENS}")
     cells = select(a.suite, a.shard)
     dims = a.dims or ("cpu" if a.suite == "cpu" else "gpu")
     engine_env = json.loads(a.engine_env.read_text()) if a.engine_env else None
@@ -152,7 +158,8 @@ def main(argv=None) -> int:
     tokens = cell_tokens.sidecar_path(out / "results.json")
     tokens.unlink(missing_ok=True)  # never an earlier run's
     with tempfile.TemporaryDirectory(prefix="vpe-cells-") as tmp:
-        results = run_cells(cells, Path(tmp), settings_for(a.suite, a.parallel, a.memory), a.parallel, dims=dims,
+        settings = replace(settings_for(a.suite, a.parallel, a.memory), max_tokens=a.max_tokens)
+        results = run_cells(cells, Path(tmp), settings, a.parallel, dims=dims,
                             timeout=a.timeout, log=log, log_dir=out / "engine-logs", engine_env=engine_env,
                             plugins_off=a.plugins_off, tokens_path=tokens)
     rc = report(results, out, "cells: {n} run")

@@ -237,43 +237,63 @@ def run_prefix_cache_check(model: str, serve_args: list[str], log_path: str, env
       hits. (With MTP/EAGLE vLLM recomputes the last matched block for the drafter, so a hit
       needs a prefix of two blocks; the server needs ``--max-model-len`` for it.)
 
-    Every output is audited against float32 transformers (floor + margin)."""
+    Every output is audited against float32 transformers (floor + margin). The server is this
+    call's own; :func:`prefix_cache_requests` and :func:`prefix_cache_verdict` are the same check on
+    a server the caller started (and asks other things too)."""
+    proc, port = start_server(model, serve_args, log_path, env)
+    try:
+        res, outs = prefix_cache_requests(port, log_path, max_tokens, prefix_blocks)
+    finally:
+        stop_server(proc)
+    return prefix_cache_verdict(model, res, outs, max_tokens, margin)
+
+
+def prefix_cache_requests(port: int, log_path: str, max_tokens: int = 32,
+                          prefix_blocks: int = 2) -> tuple[PrefixCacheResult, list]:
+    """The requests of :func:`run_prefix_cache_check` to the server on ``port`` (its log at
+    ``log_path`` names its block size): the result so far and the (prompt, tokens) to audit. Hits and
+    accepted drafts are /metrics differences around these requests: earlier ones to the server do not count."""
     import re
 
     r = random.Random(1)
     hot = hot_token_ids(8)
     res = PrefixCacheResult()
-    proc, port = start_server(model, serve_args, log_path, env)
     outs: list[tuple[list[int], list[int]]] = []
+    m = re.search(r"attention block size to (\d+) tokens", open(log_path).read())
+    res.block_tokens = int(m.group(1)) if m else 0
+    if not res.block_tokens:
+        res.errors.append("the server log does not say its attention block size")
+    n = res.block_tokens or 384
+    a = [r.choice(hot) for _ in range(n - max_tokens // 2)]
+    d = [r.choice(hot) for _ in range(prefix_blocks * n + 8)]
+    e = d[: prefix_blocks * n + 2] + [r.choice(hot) for _ in range(5)]
+    accepted, start = "vllm:spec_decode_num_accepted_tokens", None
     try:
-        m = re.search(r"attention block size to (\d+) tokens", open(log_path).read())
-        res.block_tokens = int(m.group(1)) if m else 0
-        if not res.block_tokens:
-            res.errors.append("the server log does not say its attention block size")
-        n = res.block_tokens or 384
-        a = [r.choice(hot) for _ in range(n - max_tokens // 2)]
-        d = [r.choice(hot) for _ in range(prefix_blocks * n + 8)]
-        e = d[: prefix_blocks * n + 2] + [r.choice(hot) for _ in range(5)]
-        try:
-            outs.append((a, _complete_ids(port, a, max_tokens)))
-            outs.append((d, _complete_ids(port, d, max_tokens)))
-            hits, queries = "vllm:prefix_cache_hits", "vllm:prefix_cache_queries"
-            m0 = _metrics(port)
-            e_salted = _complete_ids(port, e, max_tokens, salt="vpe-no-hit")
-            m1 = _metrics(port)
-            e_hit = _complete_ids(port, e, max_tokens)
-            m2 = _metrics(port)
-            res.salted_hit_tokens = counter(m1, hits) - counter(m0, hits)
-            res.hit_tokens = counter(m2, hits) - counter(m1, hits)
-            res.query_tokens = counter(m2, queries) - counter(m1, queries)
-            outs += [(e, e_salted), (e, e_hit)]
-            res.same_with_and_without_hit = e_salted == e_hit
-        except Exception as exc:
-            res.errors.append(f"{type(exc).__name__}: {exc}")
-        res.alive_after = healthy(port)
-        res.accepted_tokens = counter(_metrics(port), "vllm:spec_decode_num_accepted_tokens")
-    finally:
-        stop_server(proc)
+        start = counter(_metrics(port), accepted)
+        outs.append((a, _complete_ids(port, a, max_tokens)))
+        outs.append((d, _complete_ids(port, d, max_tokens)))
+        hits, queries = "vllm:prefix_cache_hits", "vllm:prefix_cache_queries"
+        m0 = _metrics(port)
+        e_salted = _complete_ids(port, e, max_tokens, salt="vpe-no-hit")
+        m1 = _metrics(port)
+        e_hit = _complete_ids(port, e, max_tokens)
+        m2 = _metrics(port)
+        res.salted_hit_tokens = counter(m1, hits) - counter(m0, hits)
+        res.hit_tokens = counter(m2, hits) - counter(m1, hits)
+        res.query_tokens = counter(m2, queries) - counter(m1, queries)
+        outs += [(e, e_salted), (e, e_hit)]
+        res.same_with_and_without_hit = e_salted == e_hit
+    except Exception as exc:
+        res.errors.append(f"{type(exc).__name__}: {exc}")
+    res.alive_after = healthy(port)
+    if res.alive_after and start is not None:
+        res.accepted_tokens = counter(_metrics(port), accepted) - start
+    return res, outs
+
+
+def prefix_cache_verdict(model: str, res: PrefixCacheResult, outs: list, max_tokens: int = 32,
+                         margin: float = MARGIN) -> PrefixCacheResult:
+    """``res`` judged: every output of :func:`prefix_cache_requests` audited against float32."""
     if outs:
         ref = Reference(model)
         prompts = [p for p, _ in outs]
