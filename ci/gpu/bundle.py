@@ -43,7 +43,7 @@ LOCK = HERE / "lock.json"
 WHEEL_CACHE = REPO / ".cache" / "vllm-wheels"  # shared with ci/tools/compat_tables.py
 # One part a device call, carried beside the repository's tree (tracked files, about 20 MB since the recall kit's weights, 2026-12-02): a call carries at
 # most 64 MiB in all, and 60 MiB parts stopped fitting on 2026-11-29 (tests/ci/test_gpu_harness.py checks the sum).
-PART_MIB = 40
+PART_MIB = 36
 CARRY_LIMIT_MIB = 64
 
 # On the GPU machine already, at these versions (the versions vLLM 0.20-0.26 pin).
