@@ -85,7 +85,7 @@ def test_user_switches_and_dev_switches_are_two_tables_both_known():
     from vllm_platform_ext.patch.vllm_env import with_own_switches
 
     assert list(envs.SWITCHES) == [P, envs.MXSML_LIB, S, D, envs.GDN_VALIDATE]
-    assert list(envs.DEV_SWITCHES) == [envs.TQ_VERIFY_ROUTE, envs.FORCED_CPU_PATH]
+    assert list(envs.DEV_SWITCHES) == [envs.TQ_VERIFY_ROUTE, envs.TQ_ROUTE_CHECK, envs.FORCED_CPU_PATH]
     assert envs.KNOWN == {**envs.SWITCHES, **envs.DEV_SWITCHES}
     assert set(with_own_switches({})) == set(envs.KNOWN)
     [typo] = envs.problems({"VLLM_PLATFORM_EXT_TQ_VERIFY_ROUTES": "kernel"}, GROUPS)

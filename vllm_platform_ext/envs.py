@@ -32,6 +32,7 @@ GDN_VALIDATE = "VLLM_PLATFORM_EXT_GDN_VALIDATE"
 FORCED_CPU_PATH = "VLLM_PLATFORM_EXT_FORCED_CPU_PATH"
 TQ_VERIFY_ROUTE = "VLLM_PLATFORM_EXT_TQ_VERIFY_ROUTE"
 TQ_VERIFY_ROUTES = ("kernel", "upstream_rows")
+TQ_ROUTE_CHECK = "VLLM_PLATFORM_EXT_TQ_ROUTE_CHECK"
 
 PLATFORM_CHOICES = ("auto", "maca", "none")
 TRUE = ("1", "true", "yes", "on")
@@ -53,12 +54,16 @@ DEV_SWITCHES: dict[str, tuple[str, str]] = {
     TQ_VERIFY_ROUTE: ("kernel|upstream_rows", "uniform K+1 TurboQuant verify batches: the plugin's K+1 kernel "
                                               "(default), or vLLM's decode kernel over B x (K+1) synthetic rows "
                                               "(vLLM PR #40914's routing; a benchmark baseline, config R)"),
+    TQ_ROUTE_CHECK: (BOOL_CHOICES, "every call the TurboQuant verify route serves is also run through vLLM's own "
+                                   "decode kernel on the same cache, one row per token, and the largest relative "
+                                   "difference is kept (patch/turboquant/route_check.py; the GPU cells' audit; "
+                                   "doubles the routed attention work)"),
     FORCED_CPU_PATH: ("avx512bf16|no-avx512bf16", "set by verify's force_no_avx512bf16 sitecustomize; not "
                                                   "for users"),
 }
 # every VLLM_PLATFORM_EXT_* variable the plugin reads: problems() knows these names, vLLM's env validation learns them
 KNOWN: dict[str, tuple[str, str]] = {**SWITCHES, **DEV_SWITCHES}
-_BOOLEANS = (STRICT, GDN_VALIDATE)
+_BOOLEANS = (STRICT, GDN_VALIDATE, TQ_ROUTE_CHECK)
 _NAME = re.compile(r"^[A-Za-z0-9_.\-]+$")
 
 

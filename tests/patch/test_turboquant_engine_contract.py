@@ -26,6 +26,7 @@ import pytest
 
 from conftest import REPO, line_source
 from vllm_platform_ext.compat import schemas
+from vllm_platform_ext.patch.turboquant import route_check
 
 CHILD = os.path.join(REPO, "tests", "patch", "tq_engine_contract_child.py")
 LINES = sorted(schemas.TABLE_SOURCES)
@@ -76,6 +77,7 @@ def run_child(key: tuple[int, int], plugin_root: str = REPO, op: str = "torch", 
 
 
 TRITON_PRESETS = ("turboquant_k8v4", "turboquant_3bit_nc")
+CPU_CHECK_TOL = 0.01  # the route check's largest per-row relative difference here (measured: see the test)
 TRITON_LINES = ((0, 23), (0, 26))  # token-major and head-major caches
 FLAT_LINE = (0, 26)
 
@@ -84,7 +86,7 @@ def line_checks(key: tuple[int, int]) -> dict:
     """The checks the tests below make on line ``key``: name -> the child's job (op, route, output, presets)."""
     jobs = {"verify": dict(op="torch", route="", output="3d", presets=[])}  # every preset
     if key in TRITON_LINES:
-        jobs["triton"] = dict(op="triton", route="", output="3d", presets=list(TRITON_PRESETS))
+        jobs["triton"] = dict(op="triton", route="", output="3d", presets=list(TRITON_PRESETS), check=True)
     jobs["upstream_rows"] = dict(op="torch", route="upstream_rows", output="3d", presets=list(dict(_decode_cases())[key]))
     if key == FLAT_LINE:
         for route in ("", "upstream_rows"):
@@ -136,6 +138,14 @@ def test_triton_kernel_in_the_lines_own_cache(key):
     assert res["op"].endswith("triton_verify:turboquant_verify_attention")
     for p in res["presets"]:
         assert "error" not in p, f"{p['preset']}: {p['error']}\n{p.get('trace')}"
+        # VLLM_PLATFORM_EXT_TQ_ROUTE_CHECK=1 (the GPU cells' audit of the route): the route's rows again through
+        # the line's own decode kernel, one call, each row's window computed apart from the route's
+        kind = {"k+1": "k1", "rows": "rows", "decode": "decode"}[p["route"]]
+        chk = p["route_check"]
+        assert chk["enabled"] and [chk[f"{k}_calls"] for k in route_check.KINDS] == [
+            int(k == kind) for k in route_check.KINDS], chk
+        assert chk[f"{kind}_max_rel"] < CPU_CHECK_TOL, (f"{p['preset']} {kind}: the route differs from the line's "
+                                                         f"decode kernel by {chk[f'{kind}_max_rel']:.4f}", chk)
         assert store_err_problem(p) is None and p["inference_tensors"], (store_err_problem(p), p)
         assert p["max_abs_err"] < 2e-3, p  # fp16 operands in the kernel's dots
         assert p["rows_past_end_untouched"], p

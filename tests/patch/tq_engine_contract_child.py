@@ -11,7 +11,8 @@ back from the cache bytes through the axes this line is *documented* to use (``E
 below, from each release's source, independent of the plugin's probe) and dequantized by the
 float64 reference. Prints one JSON line.
 
-``CONTRACT_JOBS`` (a JSON list of ``{"op", "route", "output", "presets"}``) runs several of the
+``CONTRACT_JOBS`` (a JSON list of ``{"op", "route", "output", "presets"[, "check"]}``; ``check``: the
+route checked against the line's decode kernel, ``VLLM_PLATFORM_EXT_TQ_ROUTE_CHECK=1``) runs several of the
 test's checks of one line in this one process, one after another, each as the single-check
 variables ``CONTRACT_OP`` / ``CONTRACT_ROUTE`` / ``CONTRACT_OUTPUT`` and the preset arguments would
 run it alone: every check gets fresh backend impls and its own cache, written by the store kernel
@@ -158,8 +159,13 @@ def run_preset(tq, preset: str, qlens: tuple[int, ...] = (K1,) * len(SEQ)) -> di
         shape = (ntok + 3, HQ * D) if os.environ.get("CONTRACT_OUTPUT", "3d") == "2d" else (ntok + 3, HQ, D)
         output = torch.full(shape, 7.0)
         calls = len(UPSTREAM_ROWS_CALLS)
+        from vllm_platform_ext.patch.turboquant import route_check
+
+        route_check._STATE.clear()
         res = impl.forward(layer, q, None, None, cache, md, output=output)
         out["upstream_rows_calls"] = len(UPSTREAM_ROWS_CALLS) - calls
+        if route_check.enabled():  # CONTRACT_CHECK: the route's rows again by the line's decode kernel
+            out["route_check"] = route_check.snapshot()
         out["inference_tensors"] = bool(cache.is_inference() and layer._tq_centroids.is_inference())
     # expected: float64 causal attention over the dequantized K/V of each request
     qd = q.view(ntok, HQ, D).double()
@@ -214,6 +220,10 @@ def _job_env(job: dict) -> None:
     """This process's switches as a single-check child of ``job`` would have them."""
     for var, key in (("CONTRACT_OP", "op"), ("CONTRACT_ROUTE", "route"), ("CONTRACT_OUTPUT", "output")):
         os.environ[var] = job.get(key) or ""
+    if job.get("check"):
+        os.environ["VLLM_PLATFORM_EXT_TQ_ROUTE_CHECK"] = "1"
+    else:
+        os.environ.pop("VLLM_PLATFORM_EXT_TQ_ROUTE_CHECK", None)
     if job.get("route"):
         os.environ["VLLM_PLATFORM_EXT_TQ_VERIFY_ROUTE"] = job["route"]
     else:
@@ -272,7 +282,7 @@ def main() -> None:
         from vllm_platform_ext.patch.turboquant import spec_verify as wiring
 
         _ACTIVE_PLATFORM = dispatch.active_platform
-        if any(j.get("route") for j in jobs):
+        if any(j.get("route") or j.get("check") for j in jobs):
             _count_decode_calls(tq)  # counts the calls only: a check of the plugin's own route makes none
         for impl in tq_ops.OPS:
             REGISTRY.register(impl)

@@ -11,8 +11,10 @@ Imports nothing of vLLM.
 from __future__ import annotations
 
 from collections import Counter
+from typing import Callable
 
 _COUNTERS: dict[str, Counter] = {}
+_PROBES: dict[str, Callable[[], dict]] = {}
 
 
 def counter(group: str, keys: tuple[str, ...]) -> Counter:
@@ -23,6 +25,18 @@ def counter(group: str, keys: tuple[str, ...]) -> Counter:
     return c
 
 
-def snapshot() -> dict[str, dict[str, int]]:
-    """``{group: {key: count}}`` of this process."""
-    return {g: dict(c) for g, c in sorted(_COUNTERS.items())}
+def probe(group: str, read: Callable[[], dict]) -> None:
+    """Add ``group`` to every :func:`snapshot`, its figures read by ``read()`` at snapshot time (figures
+    kept on a device, e.g. a route check's largest difference, which captured CUDA graphs update)."""
+    _PROBES[group] = read
+
+
+def snapshot() -> dict[str, dict]:
+    """``{group: {key: count or figure}}`` of this process."""
+    out = {g: dict(c) for g, c in sorted(_COUNTERS.items())}
+    for g, read in sorted(_PROBES.items()):
+        try:
+            out[g] = read()
+        except Exception as exc:  # a probe that cannot be read is reported, never raised into the engine
+            out[g] = {"error": f"{type(exc).__name__}: {exc}"}
+    return out

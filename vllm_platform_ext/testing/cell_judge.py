@@ -42,7 +42,7 @@ from vllm_platform_ext.testing.cell_suites import BATCH_FLOOR_KINDS, Cell
 from vllm_platform_ext.testing.engine import failed_patches
 from vllm_platform_ext.testing.engine_errors import HARNESS_ERRORS, error_line, harness_error
 from vllm_platform_ext.testing.identity import split_problem
-from vllm_platform_ext.testing.ranks import spec_route_problem
+from vllm_platform_ext.testing.ranks import route_check_figures, route_check_problem, spec_route_problem
 
 
 @dataclass
@@ -78,6 +78,7 @@ class CellResult:
     # ... and every threshold's bounds.Criterion as a dict (0.5 nats, then 0.1)
     criteria: list = field(default_factory=list)
     spread: dict = field(default_factory=dict)  # batch-floor family: composition -> its criteria (vs bf16)
+    route_check: dict = field(default_factory=dict)  # ranks.route_check_figures (TurboQuant KV, plugin on)
     recorded: list = field(default_factory=list)  # criteria measured but not judged (see judged_criteria)
 
 
@@ -156,6 +157,9 @@ def judge(cell: Cell, run, criteria: list, problems: list | tuple = (), kit: str
     route = spec_route_problem(run, cell.kv) if cell.mode != "base" else None
     if route:  # applied is patched, not called; a route-off control must not have routed
         return ("fail" if cell.plugin else "harness-error"), route
+    check = route_check_problem(run)
+    if check:  # the route's attention output against vLLM's own decode kernel's, on the same cache
+        return "fail", check
     wrong = [c.text() for c in criteria if not c.ok] + list(problems)
     if not criteria and not problems:
         wrong = ["no position audited"]
@@ -310,7 +314,8 @@ def audit_cells(cells: list[Cell], models: dict, kit_errors: dict, runs: dict, s
             floor_source=source, plain_spread=fractions, identity=ident, identity_floor=ident_floor,
             bad_count=None if audit is None else audit.bad, floor_bf16=bf16.bad,
             floor_plain=c.floor_plain if c else None, limit=c.limit if c else None,
-            criteria=[x.as_dict() for x in crit], spread=spread, recorded=[x.as_dict() for x in recorded]))
+            criteria=[x.as_dict() for x in crit], spread=spread, recorded=[x.as_dict() for x in recorded],
+            route_check=route_check_figures(run)))
     return out
 
 

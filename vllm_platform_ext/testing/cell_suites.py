@@ -51,6 +51,8 @@ class Cell:
             env["VLLM_PLATFORM_EXT_PLATFORM"] = self.platform
         if self.disable:
             env["VLLM_PLATFORM_EXT_DISABLE"] = self.disable
+        if self.plugin and self.kv.startswith("turboquant"):  # the route's own audit (patch/turboquant/route_check.py)
+            env["VLLM_PLATFORM_EXT_TQ_ROUTE_CHECK"] = "1"
         return env
 
 

@@ -217,6 +217,48 @@ def spec_route_problem(run, kv: str) -> str | None:
     return None
 
 
+# The TurboQuant route's own audit (VLLM_PLATFORM_EXT_TQ_ROUTE_CHECK=1, patch/turboquant/route_check.py): the
+# largest per-row relative difference between the route's attention output and vLLM's decode kernel's on the
+# same cache. Measured clean on the H200 (bf16, see results/gpu/): the judge's bound sits above it.
+ROUTE_CHECK_GROUP = "turboquant_route_check"
+ROUTE_CHECK_KINDS = ("k1", "rows", "decode")
+ROUTE_CHECK_TOL = 0.05
+
+
+def route_check_figures(run) -> dict:
+    """The route check's figures over the run's ranks: per kind the calls (summed) and the largest relative
+    difference; ``{}`` when no rank had the check on."""
+    figs = [(r.get("routes") or {}).get(ROUTE_CHECK_GROUP) or {} for r in run.routes or []]
+    on = [f for f in figs if f.get("enabled")]
+    if not on:
+        return {}
+    out = {"ranks": len(on), "errors": [f["error"] for f in figs if "error" in f]}
+    for k in ROUTE_CHECK_KINDS:
+        out[f"{k}_calls"] = sum(int(f.get(f"{k}_calls", 0)) for f in on)
+        vals = [float(f.get(f"{k}_max_rel", 0.0)) for f in on]
+        out[f"{k}_max_rel"] = float("nan") if any(v != v for v in vals) else max(vals, default=0.0)
+    return out
+
+
+def route_check_problem(run, tol: float = ROUTE_CHECK_TOL) -> str | None:
+    """What the route check found wrong in ``run``, or None (also when it was off): a figure that could
+    not be read, a route that served calls the check never compared, or a difference past ``tol``."""
+    figs = route_check_figures(run)
+    if not figs:
+        return None
+    if figs["errors"]:
+        return f"{ROUTE_CHECK_GROUP}: could not be read ({figs['errors'][0]})"
+    routed_calls = sum(routed(run.routes, "turboquant_spec_verify", ROUTE_CHECK_KINDS))
+    if routed_calls and not any(figs[f"{k}_calls"] for k in ROUTE_CHECK_KINDS):
+        return f"{ROUTE_CHECK_GROUP} on, but it compared none of the route's {routed_calls} calls"
+    for k in ROUTE_CHECK_KINDS:
+        rel = figs[f"{k}_max_rel"]
+        if figs[f"{k}_calls"] and not rel <= tol:  # NaN fails too
+            return (f"the TurboQuant route's {k} attention differs from vLLM's decode kernel on the same cache: "
+                    f"largest per-row relative difference {rel:.4g} > {tol} over {figs[f'{k}_calls']} calls")
+    return None
+
+
 def rank_lines(ranks: list[dict]) -> list[str]:
     """Human lines for a run's ranks: one line when every rank reports the same (beyond its
     rank and pid), else one line per rank."""

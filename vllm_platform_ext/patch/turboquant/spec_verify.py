@@ -33,7 +33,7 @@ from vllm_platform_ext.ops.turboquant.routing import spec_verify_rows, uniform_v
 from vllm_platform_ext import envs, patching
 from vllm_platform_ext.patching import Patch, PatchGroup
 from vllm_platform_ext.patch import routes
-from vllm_platform_ext.patch.turboquant import cache_view
+from vllm_platform_ext.patch.turboquant import cache_view, route_check
 
 NAME = "turboquant_spec_verify"
 
@@ -109,6 +109,7 @@ _MISMATCH_REPORTED: set[str] = set()
 # one row per token ("rows"), as single-token decode ("decode"); tagged but left to vLLM because a
 # tensor broke the op's contract ("declined"); never tagged ("vllm": prefill / mixed batches).
 STATS = routes.counter(NAME, ("k1", "rows", "decode", "declined", "vllm"))
+routes.probe(route_check.GROUP, route_check.snapshot)
 
 
 def _op_cache_view(impl: Any, kv_cache: torch.Tensor) -> torch.Tensor | None:
@@ -206,6 +207,9 @@ def verify_forward(impl: Any, layer: Any, query: torch.Tensor, kv_cache: torch.T
     op(q, cache, block_table, seq_lens.to(torch.int32), k1,
        preset=impl.kv_cache_dtype, scale=impl.scale, centroids=layer._tq_centroids, PiT=layer._tq_PiT,
        out=output[:n].view(n, hq, d), **extra)
+    if getattr(impl, "_pe_check", False):  # VLLM_PLATFORM_EXT_TQ_ROUTE_CHECK: the same rows by vLLM's decode kernel
+        route_check.check(impl, layer, q, cache, attn_metadata, output[:n].view(n, hq, d),
+                          "rows" if rows is not None else "k1" if k1 >= 2 else "decode")
     return output
 
 
@@ -247,6 +251,9 @@ def _init_factory(orig):
         self._pe_max_num_seqs = int(cfg.scheduler_config.max_num_seqs)
         self._pe_ws_rows = workspace_rows(self._pe_max_num_seqs, self._pe_num_spec)
         self._pe_route = envs.tq_verify_route()  # "kernel", or "upstream_rows" (benchmark config R)
+        self._pe_check = route_check.enabled()
+        if self._pe_check and torch.cuda.is_available():  # the check's figures, made before any graph capture
+            route_check.state(torch.device("cuda", torch.cuda.current_device()))
 
     return __init__
 

@@ -1,0 +1,134 @@
+"""The TurboQuant route's own audit (``VLLM_PLATFORM_EXT_TQ_ROUTE_CHECK=1``, patch/turboquant/route_check.py):
+its causal windows against a loop over the batch written from vLLM's metadata contract, its difference
+measure against float64, and the judge's reading of its figures. The check against each line's real
+decode kernel runs in tests/patch/test_turboquant_engine_contract.py (Triton interpreter) and on the GPU."""
+from __future__ import annotations
+
+import math
+import random
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from vllm_platform_ext.patch.turboquant import route_check
+from vllm_platform_ext.testing import ranks
+
+
+def _loop_rows(qlens, seq_lens):
+    """Token by token: request, and the positions it may see (its own included)."""
+    out = []
+    for r, (q, s) in enumerate(zip(qlens, seq_lens)):
+        for t in range(q):
+            out.append((r, s - q + 1 + t))
+    return out
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_token_rows_are_each_tokens_causal_window(seed):
+    r = random.Random(seed)
+    nreq = r.randint(1, 7)
+    qlens = [r.choice([0, 1, 1, 2, 3, 4]) for _ in range(nreq)]  # empty requests (padding) included
+    if sum(qlens) == 0:
+        qlens[0] = 1
+    seq_lens = [q + r.randint(0, 40) for q in qlens]
+    qsl = torch.tensor([0] + list(torch.tensor(qlens).cumsum(0).tolist()), dtype=torch.int32)
+    bt = torch.arange(nreq * 3, dtype=torch.int32).view(nreq, 3)
+    got_bt, got_len = route_check.token_rows(qsl, torch.tensor(seq_lens, dtype=torch.int32), bt, sum(qlens))
+    want = _loop_rows(qlens, seq_lens)
+    assert got_len.tolist() == [n for _, n in want]
+    assert got_bt.tolist() == [bt[req].tolist() for req, _ in want]
+    assert got_len.dtype == torch.int32
+
+
+def test_token_rows_match_the_k1_kernels_windows():
+    """A uniform K+1 batch: row i of request b sees seq_len - K + i positions (routing.synthetic_rows)."""
+    from vllm_platform_ext.ops.turboquant.routing import synthetic_rows
+
+    k1, seq = 4, torch.tensor([37, 9, 20], dtype=torch.int32)
+    bt = torch.arange(12, dtype=torch.int32).view(3, 4)
+    qsl = torch.arange(0, 13, 4, dtype=torch.int32)
+    a_bt, a_len = route_check.token_rows(qsl, seq, bt, 12)
+    b_bt, b_len = synthetic_rows(bt, seq, 3, k1)
+    assert a_len.tolist() == b_len.tolist() and torch.equal(a_bt, b_bt)
+
+
+def test_relative_difference_against_float64():
+    torch.manual_seed(0)
+    ref = torch.randn(6, 4, 64)
+    got = ref.clone()
+    got[2, 1] += 0.3 * ref[2, 1].norm() / math.sqrt(64)  # one row, one head moved by 0.3 of its norm
+    rows = (got.double() - ref.double()).norm(dim=-1) / ref.double().norm(dim=-1)
+    assert float(route_check.relative_difference(got, ref)) == pytest.approx(float(rows.max()), rel=1e-5)
+    assert float(rows.max()) == pytest.approx(0.3, rel=1e-6)
+    assert float(route_check.relative_difference(ref, ref)) == 0.0
+    # a row whose output is near zero is measured against FLOOR x the largest row, not blown up
+    ref[0] = 1e-9
+    got = ref.clone()
+    got[0] += 1e-6
+    assert float(route_check.relative_difference(got, ref)) < 1e-4
+    nan = ref.clone()
+    nan[3, 0, 0] = float("nan")
+    assert math.isnan(float(route_check.relative_difference(nan, ref)))
+
+
+def _run(figs, routed_calls=(5,)):
+    return SimpleNamespace(routes=[{"rank": i, "routes": {
+        "turboquant_spec_verify": {"k1": c, "rows": 0, "decode": 0},
+        **({ranks.ROUTE_CHECK_GROUP: f} if f is not None else {})}} for i, (f, c) in enumerate(zip(figs, routed_calls))])
+
+
+def _figs(k1=(0, 0.0), rows=(0, 0.0), decode=(0, 0.0), enabled=True):
+    return {"enabled": enabled, "k1_calls": k1[0], "k1_max_rel": k1[1], "rows_calls": rows[0], "rows_max_rel": rows[1],
+            "decode_calls": decode[0], "decode_max_rel": decode[1]}
+
+
+def test_judge_reads_the_check():
+    ok = _figs(k1=(40, 0.004), decode=(120, 0.003))
+    assert ranks.route_check_problem(_run([ok])) is None
+    assert ranks.route_check_figures(_run([ok]))["k1_calls"] == 40
+    bad = ranks.route_check_problem(_run([_figs(k1=(40, 0.31))]))
+    assert "k1" in bad and "0.31" in bad and "decode kernel" in bad
+    assert "nan" in ranks.route_check_problem(_run([_figs(rows=(3, float("nan")))]))
+    # on, but it compared none of the calls the route served
+    assert "compared none" in ranks.route_check_problem(_run([_figs()]))
+    # off (or an engine without the group): nothing to judge
+    assert ranks.route_check_problem(_run([_figs(enabled=False)])) is None
+    assert ranks.route_check_problem(_run([None])) is None
+    # TP: the worst rank decides
+    two = _run([ok, _figs(k1=(40, 0.2))], routed_calls=(5, 5))
+    assert "0.2" in ranks.route_check_problem(two)
+    err = _run([{"enabled": True, "error": "RuntimeError: boom"}])
+    assert "boom" in ranks.route_check_problem(err)
+
+
+def test_a_first_call_inside_a_capture_is_refused(monkeypatch):
+    monkeypatch.setattr(route_check, "_STATE", {})
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    with pytest.raises(RuntimeError, match="inside a CUDA graph capture"):
+        route_check.state(torch.device("cuda", 0))
+    assert route_check.state(torch.device("cpu")).shape == (3, 2)  # the CPU never captures
+
+
+def test_snapshot_and_switch(monkeypatch):
+    monkeypatch.setattr(route_check, "_STATE", {})
+    monkeypatch.delenv("VLLM_PLATFORM_EXT_TQ_ROUTE_CHECK", raising=False)
+    assert route_check.snapshot() == {"enabled": False, "k1_calls": 0, "k1_max_rel": 0.0, "rows_calls": 0,
+                                      "rows_max_rel": 0.0, "decode_calls": 0, "decode_max_rel": 0.0}
+    monkeypatch.setenv("VLLM_PLATFORM_EXT_TQ_ROUTE_CHECK", "1")
+    st = route_check.state(torch.device("cpu"))
+    st[1] = torch.tensor([0.25, 3.0])
+    snap = route_check.snapshot()
+    assert snap["enabled"] and snap["rows_calls"] == 3 and snap["rows_max_rel"] == pytest.approx(0.25)
+
+
+def test_routes_snapshot_carries_probes_and_their_errors(monkeypatch):
+    from vllm_platform_ext.patch import routes
+
+    monkeypatch.setattr(routes, "_PROBES", {})
+    routes.probe("g.ok", lambda: {"calls": 2})
+    routes.probe("g.bad", lambda: 1 / 0)
+    snap = routes.snapshot()
+    assert snap["g.ok"] == {"calls": 2}
+    assert snap["g.bad"] == {"error": "ZeroDivisionError: division by zero"}
+    import vllm_platform_ext.patch.turboquant.spec_verify  # noqa: F401  (registers the check where it is imported)
