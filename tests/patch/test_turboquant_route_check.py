@@ -34,8 +34,9 @@ def test_token_rows_are_each_tokens_causal_window(seed):
     seq_lens = [q + r.randint(0, 40) for q in qlens]
     qsl = torch.tensor([0] + list(torch.tensor(qlens).cumsum(0).tolist()), dtype=torch.int32)
     bt = torch.arange(nreq * 3, dtype=torch.int32).view(nreq, 3)
-    got_bt, got_len = route_check.token_rows(qsl, torch.tensor(seq_lens, dtype=torch.int32), bt, sum(qlens))
+    got_bt, got_len, real = route_check.token_rows(qsl, torch.tensor(seq_lens, dtype=torch.int32), bt, sum(qlens))
     want = _loop_rows(qlens, seq_lens)
+    assert real.all()
     assert got_len.tolist() == [n for _, n in want]
     assert got_bt.tolist() == [bt[req].tolist() for req, _ in want]
     assert got_len.dtype == torch.int32
@@ -48,9 +49,29 @@ def test_token_rows_match_the_k1_kernels_windows():
     k1, seq = 4, torch.tensor([37, 9, 20], dtype=torch.int32)
     bt = torch.arange(12, dtype=torch.int32).view(3, 4)
     qsl = torch.arange(0, 13, 4, dtype=torch.int32)
-    a_bt, a_len = route_check.token_rows(qsl, seq, bt, 12)
+    a_bt, a_len, _ = route_check.token_rows(qsl, seq, bt, 12)
     b_bt, b_len = synthetic_rows(bt, seq, 3, k1)
     assert a_len.tolist() == b_len.tolist() and torch.equal(a_bt, b_bt)
+
+
+def test_a_captured_graphs_padding_is_not_compared():
+    """FULL graphs pad a uniform K+1 batch: padded requests with seq_len 0 (measured on the H200, 2026-12-02: vLLM's
+    decode kernel gives NaN on their empty windows in every MTP k=3 cell) and tokens past the last request."""
+    k1 = 4
+    seq = torch.tensor([37, 9, 0, 0], dtype=torch.int32)  # two real requests, two padded
+    qsl = torch.tensor([0, 4, 8, 12, 16], dtype=torch.int32)
+    bt = torch.arange(16, dtype=torch.int32).view(4, 4)
+    _, lens, real = route_check.token_rows(qsl, seq, bt, 18)  # 2 tokens past the last request too
+    assert real.tolist() == [True] * 8 + [False] * 10
+    assert lens[:8].tolist() == [34, 35, 36, 37, 6, 7, 8, 9] and (lens >= 1).all()
+    ref = torch.randn(18, 2, 8)
+    got = ref.clone()
+    ref[8:] = float("nan")  # what the decode kernel wrote on the padding
+    assert float(route_check.relative_difference(got, ref, real)) == 0.0
+    got[3, 1] = float("nan")  # a NaN in a real row is never hidden
+    assert math.isnan(float(route_check.relative_difference(got, ref, real)))
+    got[3, 1] = ref[3, 1] * 1.5
+    assert float(route_check.relative_difference(got, ref, real)) == pytest.approx(0.5, rel=1e-5)
 
 
 def test_relative_difference_against_float64():

@@ -50,24 +50,33 @@ def state(device: torch.device) -> torch.Tensor:
 
 
 def token_rows(query_start_loc: torch.Tensor, seq_lens: torch.Tensor, block_table: torch.Tensor, n: int):
-    """``(block-table row, causal length)`` of each of the ``n`` query tokens: token ``j`` of a request
-    with ``q`` tokens this step and ``seq_len`` positions (the new ones included) sees the first
-    ``seq_len - q + 1 + j``. Torch ops only, on the tensors' device."""
+    """``(block-table row, causal length, real)`` of each of the ``n`` query tokens: token ``j`` of a
+    request with ``q`` tokens this step and ``seq_len`` positions (the new ones included) sees the
+    first ``seq_len - q + 1 + j``. ``real`` is False for a captured graph's padding: a token past the
+    last request's, or a padded request's (its ``seq_len`` too short to hold its own tokens; vLLM
+    pads with 0), whose rows vLLM throws away. Torch ops only, on the tensors' device."""
     num_reqs = seq_lens.shape[0]
     qsl = query_start_loc[: num_reqs + 1].to(torch.int64)
     tok = torch.arange(n, device=qsl.device, dtype=torch.int64)
     req = (torch.searchsorted(qsl, tok, right=True) - 1).clamp(0, num_reqs - 1)
     start, qlen = qsl[req], qsl[req + 1] - qsl[req]
-    lens = seq_lens.to(torch.int64)[req] - qlen + 1 + (tok - start)
-    return block_table[req], lens.to(seq_lens.dtype)
+    sl = seq_lens.to(torch.int64)[req]
+    lens = sl - qlen + 1 + (tok - start)
+    real = (tok < qsl[-1]) & (sl >= qlen) & (qlen > 0)
+    return block_table[req], lens.clamp_min(1).to(seq_lens.dtype), real
 
 
-def relative_difference(got: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
-    """Largest per-row, per-head ``|got - ref| / max(|ref|, FLOOR x max |ref|)`` (L2 over the head dim),
-    a 0-d float32 tensor; ``[rows, heads, head_dim]`` both."""
+def relative_difference(got: torch.Tensor, ref: torch.Tensor, real: torch.Tensor | None = None) -> torch.Tensor:
+    """Largest per-row, per-head ``|got - ref| / max(|ref|, FLOOR x max |ref|)`` (L2 over the head dim)
+    over the ``real`` rows (all where None), a 0-d float32 tensor; ``[rows, heads, head_dim]`` both. A
+    NaN in a real row is NaN here; padding rows count for nothing, whatever they hold."""
     g, r = got.float(), ref.float()
     num = (g - r).norm(dim=-1)
     den = r.norm(dim=-1)
+    if real is not None:
+        keep = real[:, None].expand_as(num)
+        num = torch.where(keep, num, torch.zeros_like(num))
+        den = torch.where(keep, den, torch.zeros_like(den))
     den = torch.maximum(den, den.amax() * FLOOR).clamp_min(1e-30)
     return (num / den).amax()
 
@@ -81,13 +90,13 @@ def check(impl: Any, layer: Any, q: torch.Tensor, cache: torch.Tensor, attn_meta
     if decode_kernel(impl) is None:
         return False
     n = q.shape[0]
-    bt, lens = token_rows(attn_metadata.query_start_loc, attn_metadata.seq_lens, attn_metadata.block_table, n)
+    bt, lens, real = token_rows(attn_metadata.query_start_loc, attn_metadata.seq_lens, attn_metadata.block_table, n)
     ref = torch.empty_like(got)
     if not rows_forward(impl, layer, q, cache, bt, lens, 1, ref):
         return False
     st = state(q.device)
     i = KINDS.index(kind)
-    torch.maximum(st[i, 0], relative_difference(got, ref), out=st[i, 0])
+    torch.maximum(st[i, 0], relative_difference(got, ref, real), out=st[i, 0])
     st[i, 1].add_(1)
     return True
 
