@@ -164,7 +164,7 @@ def make_gptq_kit(kind: str, out_dir: str | os.PathLike, mtp: str = "bf16", excl
     output, which vLLM builds with a quantized MTP layer). Returns ``out_dir``."""
     from safetensors.torch import save_file
 
-    from vllm_platform_ext.testing.tiny_models import check_checkpoint, make_tiny_model
+    from vllm_platform_ext.testing.tiny_models import make_tiny_model
 
     if mtp not in MTP_MODES:
         raise ValueError(f"mtp {mtp!r} not in {MTP_MODES}")
@@ -302,3 +302,100 @@ def write_dequantized(gptq_dir: str | os.PathLike, bf16_dir: str | os.PathLike, 
               metadata={"format": "pt"})
     check_checkpoint(out)
     return out
+
+
+def symmetric_zero_problems(gptq_dir: str | os.PathLike) -> list[str]:
+    """The packed layers of a symmetric int4 GPTQ checkpoint whose ``qzeros`` are not the symmetric zero
+    (8, stored as 7: every nibble 7). vLLM's CPU linear kernel ignores them for ``sym``; the quantizer's own
+    dequantization (AutoRound's ``QuantLinear``) reads them, so a checkpoint that breaks this rule is
+    dequantized differently by each."""
+    tensors, _ = _read_tensors(Path(gptq_dir))
+    sym_zero = (1 << (BITS - 1)) - 1
+    return sorted(k[: -len(".qzeros")] for k, v in tensors.items()
+                  if k.endswith(".qzeros") and bool((unpack_cols(v) != sym_zero).any()))
+
+
+def plant_zero_point(gptq_dir: str | os.PathLike, layer: str, value: int = 6) -> None:
+    """Overwrite one layer's ``qzeros`` (every nibble ``value``) in place: a wrong zero point."""
+    from safetensors.torch import save_file
+
+    tensors, where = _read_tensors(Path(gptq_dir))
+    key = layer + ".qzeros"
+    if key not in tensors:
+        raise GptqKitError(f"{gptq_dir}: no {key}")
+    word = 0
+    for j in range(32 // BITS):
+        word |= (value & ((1 << BITS) - 1)) << (BITS * j)
+    import torch
+
+    word = word - (1 << 32) if word >= 1 << 31 else word
+    fname = where[key]
+    part = {k: v for k, v in tensors.items() if where[k] == fname}
+    part[key] = torch.full_like(part[key], word)
+    save_file({k: v.contiguous() for k, v in part.items()}, str(Path(gptq_dir) / fname), metadata={"format": "pt"})
+
+
+def quantizer_dequantized(gptq_dir: str | os.PathLike) -> dict:
+    """Each packed layer's weight ``[out, in]`` as AutoRound's own GPTQ inference layer computes it
+    (``auto_round_extension.torch.qlinear_torch_zp.QuantLinear``, the layer its export packs with and its
+    loader runs): its forward on the identity, fp16 as it dequantizes. Needs auto-round importable."""
+    import torch
+    from auto_round_extension.torch.qlinear_torch_zp import QuantLinear
+
+    cfg = json.loads((Path(gptq_dir) / "config.json").read_text())["quantization_config"]
+    tensors, _ = _read_tensors(Path(gptq_dir))
+    out = {}
+    for layer in sorted(k[: -len(".qweight")] for k in tensors if k.endswith(".qweight")):
+        qw, sc = tensors[layer + ".qweight"], tensors[layer + ".scales"]
+        n_in, n_out = qw.shape[0] * (32 // cfg["bits"]), qw.shape[1]
+        group = n_in // sc.shape[0]
+        g_idx = tensors.get(layer + ".g_idx")
+        if g_idx is not None and not torch.equal(g_idx.long(), torch.arange(n_in) // group):
+            raise GptqKitError(f"{layer}: g_idx is not row // {group} (desc_act off)")
+        # without g_idx: the layer's g_idx forward slices the output columns by the input size (it
+        # assumes act-order layers of out >= in); with desc_act off g_idx is row // group, checked above
+        ql = QuantLinear(cfg["bits"], group, n_in, n_out, False, g_idx=False)
+        ql.qweight.copy_(qw)
+        ql.qzeros.copy_(tensors[layer + ".qzeros"])
+        ql.scales.copy_(sc)
+        ql.post_init()
+        with torch.inference_mode():
+            out[layer] = ql(torch.eye(n_in, dtype=torch.float16)).t().contiguous()
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``build``: :func:`make_gptq_kit` (+ :func:`write_dequantized` with ``--dequantized``);
+    ``quantizer-dequant DIR OUT``: :func:`quantizer_dequantized` into a safetensors file. Run with auto-round
+    on the path (``PYTHONPATH=.qdeps``): the tests call it in a subprocess, so that AutoRound's
+    dependencies never enter the test process."""
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="python -m vllm_platform_ext.testing.gptq_kit")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    b = sub.add_parser("build")
+    b.add_argument("kind")
+    b.add_argument("out_dir")
+    b.add_argument("--src", required=True, help="the bf16 recall kit of KIND")
+    b.add_argument("--mtp", choices=MTP_MODES, default="bf16")
+    b.add_argument("--no-exclusion", action="store_true")
+    b.add_argument("--iters", type=int, default=0)
+    b.add_argument("--dequantized", help="also write the float32 dequantized twin here")
+    q = sub.add_parser("quantizer-dequant")
+    q.add_argument("gptq_dir")
+    q.add_argument("out_file")
+    a = ap.parse_args(argv)
+    if a.cmd == "build":
+        d = make_gptq_kit(a.kind, a.out_dir, mtp=a.mtp, exclusion=not a.no_exclusion, iters=a.iters, src=a.src)
+        if a.dequantized:
+            write_dequantized(d, a.src, a.dequantized)
+        print(d)
+    else:
+        from safetensors.torch import save_file
+
+        save_file(quantizer_dequantized(a.gptq_dir), a.out_file)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
