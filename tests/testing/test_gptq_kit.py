@@ -76,9 +76,11 @@ def kits(tmp_path_factory) -> Kits:
     k = Kits()
     k.bf16 = make_tiny_model(KIND, root / "bf16", target="recall")
     for name, extra in (("mtp_bf16", []), ("mtp_quantized", ["--mtp", "quantized"])):
-        _gptq("build", KIND, str(root / name), "--src", str(k.bf16), "--dequantized", str(root / f"{name}-deq"), *extra)
+        _gptq("build", KIND, str(root / name), "--src", str(k.bf16), "--dequantized", str(root / f"{name}-deq"),
+              "--quantizer-dequant", str(root / f"{name}-theirs.safetensors"), *extra)
     k.mtp_bf16, k.mtp_q = root / "mtp_bf16", root / "mtp_quantized"
     k.mtp_bf16_deq, k.mtp_q_deq = root / "mtp_bf16-deq", root / "mtp_quantized-deq"
+    k.theirs = {v: root / f"{v}-theirs.safetensors" for v in ("mtp_bf16", "mtp_quantized")}
     # AutoRound's own export: the same checkpoint without the exclusion rule
     k.no_rule = root / "no_rule"
     shutil.copytree(k.mtp_bf16, k.no_rule)
@@ -122,15 +124,14 @@ def test_checkpoints_are_gptq_int4_as_planned(kits):
 
 
 @pytest.mark.parametrize("variant", ["mtp_bf16", "mtp_quantized"])
-def test_dequantize_is_the_quantizers_own(kits, variant, tmp_path):
+def test_dequantize_is_the_quantizers_own(kits, variant):
     """gptq_kit.dequantize against AutoRound's own GPTQ layer (its QuantLinear's forward on the identity, fp16
     as it computes): equal bit for bit after rounding ours to fp16, for every packed layer."""
     import torch
     from safetensors.torch import load_file
 
     d = kits.mtp_bf16 if variant == "mtp_bf16" else kits.mtp_q
-    _gptq("quantizer-dequant", str(d), str(tmp_path / "theirs.safetensors"))
-    theirs = load_file(str(tmp_path / "theirs.safetensors"))
+    theirs = load_file(str(kits.theirs[variant]))  # written by the build's interpreter (auto-round on its path)
     tensors, _ = gptq_kit._read_tensors(d)
     layers = sorted(k[: -len(".qweight")] for k in tensors if k.endswith(".qweight"))
     assert sorted(theirs) == layers and len(layers) == (25 if variant == "mtp_bf16" else 32)
@@ -317,7 +318,13 @@ def test_a_planted_zero_point_is_caught(engine, kits):
     """A symmetric checkpoint whose qzeros of one layer say 7 (the quantizer's loader dequantizes with it; vLLM's
     CPU linear kernel ignores qzeros for sym) fails the audit against its own dequantized weights."""
     assert not engine.planted.error, engine.planted.error
-    ok, why, _ = _verdict(engine, engine.planted, kits.planted_deq)
+    # judged at the unplanted checkpoint's floor (bf16 arithmetic's cost, which one zero point does not change;
+    # a floor is a transformers bf16 generation, the costliest part of a reference here)
+    ref, floor = Reference(str(kits.planted_deq)), _ref(engine, kits.mtp_bf16_deq)[1]
+    audit = ref.audit(PROMPTS, engine.planted.tokens, engine.planted.logprobs)
+    crit, problems = judged(audit, floor, require_drift=True)
+    ok = all(c.ok for c in crit) and not problems
+    why = "; ".join(c.text() for c in crit)
     print(f"[gptq planted] {why}; engine tokens equal the unplanted run's: {engine.planted.tokens == engine.base.tokens}")
     assert not ok, f"a wrong zero point was not caught: {why}"
 

@@ -381,6 +381,7 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--no-exclusion", action="store_true")
     b.add_argument("--iters", type=int, default=0)
     b.add_argument("--dequantized", help="also write the float32 dequantized twin here")
+    b.add_argument("--quantizer-dequant", help="also write quantizer-dequant's file here (one interpreter start)")
     q = sub.add_parser("quantizer-dequant")
     q.add_argument("gptq_dir")
     q.add_argument("out_file")
@@ -389,6 +390,10 @@ def main(argv: list[str] | None = None) -> int:
         d = make_gptq_kit(a.kind, a.out_dir, mtp=a.mtp, exclusion=not a.no_exclusion, iters=a.iters, src=a.src)
         if a.dequantized:
             write_dequantized(d, a.src, a.dequantized)
+        if a.quantizer_dequant:
+            from safetensors.torch import save_file
+
+            save_file(quantizer_dequantized(d), a.quantizer_dequant)
         print(d)
     else:
         from safetensors.torch import save_file
