@@ -159,7 +159,7 @@ def judge(cell: Cell, run, criteria: list, problems: list | tuple = (), kit: str
         return ("fail" if cell.plugin else "harness-error"), route
     check = route_check_problem(run)
     if check:  # the route's attention output against vLLM's own decode kernel's, on the same cache
-        return "fail", check
+        return ("harness-error" if "cannot judge" in check else "fail"), check
     wrong = [c.text() for c in criteria if not c.ok] + list(problems)
     if not criteria and not problems:
         wrong = ["no position audited"]

@@ -237,6 +237,9 @@ def route_check_figures(run) -> dict:
         out[f"{k}_calls"] = sum(int(f.get(f"{k}_calls", 0)) for f in on)
         vals = [float(f.get(f"{k}_max_rel", 0.0)) for f in on]
         out[f"{k}_max_rel"] = float("nan") if any(v != v for v in vals) else max(vals, default=0.0)
+        for side in ("route", "ref"):  # absent in the first window's records (2026-12-02): None
+            got = [f[f"{k}_nonfinite_{side}"] for f in on if f"{k}_nonfinite_{side}" in f]
+            out[f"{k}_nonfinite_{side}"] = sum(got) if got else None
     return out
 
 
@@ -252,8 +255,14 @@ def route_check_problem(run, tol: float = ROUTE_CHECK_TOL) -> str | None:
     if routed_calls and not any(figs[f"{k}_calls"] for k in ROUTE_CHECK_KINDS):
         return f"{ROUTE_CHECK_GROUP} on, but it compared none of the route's {routed_calls} calls"
     for k in ROUTE_CHECK_KINDS:
+        if figs[f"{k}_nonfinite_route"]:
+            return (f"the TurboQuant route's {k} attention is not finite in {figs[f'{k}_nonfinite_route']} real rows "
+                    f"over {figs[f'{k}_calls']} calls")
+        if figs[f"{k}_nonfinite_ref"]:
+            return (f"{ROUTE_CHECK_GROUP}: vLLM's decode kernel gave {figs[f'{k}_nonfinite_ref']} non-finite real {k} "
+                    f"rows where the route's are finite: the check cannot judge them")
         rel = figs[f"{k}_max_rel"]
-        if figs[f"{k}_calls"] and not rel <= tol:  # NaN fails too
+        if figs[f"{k}_calls"] and not rel <= tol:  # NaN fails too (records without the non-finite counts)
             return (f"the TurboQuant route's {k} attention differs from vLLM's decode kernel on the same cache: "
                     f"largest per-row relative difference {rel:.4g} > {tol} over {figs[f'{k}_calls']} calls")
     return None

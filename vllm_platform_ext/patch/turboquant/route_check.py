@@ -29,7 +29,9 @@ KINDS = ("k1", "rows", "decode")
 # a row's relative difference is taken against max(|ref row|, FLOOR x the call's largest |ref row|): a row
 # whose attention output is near zero is not a relative blow-up
 FLOOR = 1e-2
-_STATE: dict[str, torch.Tensor] = {}  # device -> [len(KINDS), 2] float32: (largest relative difference, calls)
+# device -> [len(KINDS), 4] float32: (largest relative difference over the rows both sides hold finite, calls,
+# real rows non-finite in the route's output, real rows non-finite only in the decode kernel's)
+_STATE: dict[str, torch.Tensor] = {}
 
 
 def enabled() -> bool:
@@ -45,7 +47,7 @@ def state(device: torch.device) -> torch.Tensor:
         if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
             raise RuntimeError(f"{GROUP}: first routed call inside a CUDA graph capture on {device}: its figures "
                                "would be reset by every replay")
-        t = _STATE[key] = torch.zeros(len(KINDS), 2, dtype=torch.float32, device=device)
+        t = _STATE[key] = torch.zeros(len(KINDS), 4, dtype=torch.float32, device=device)
     return t
 
 
@@ -96,16 +98,25 @@ def check(impl: Any, layer: Any, q: torch.Tensor, cache: torch.Tensor, attn_meta
         return False
     st = state(q.device)
     i = KINDS.index(kind)
-    torch.maximum(st[i, 0], relative_difference(got, ref, real), out=st[i, 0])
+    g_ok = torch.isfinite(got.float()).flatten(1).all(1)
+    r_ok = torch.isfinite(ref.float()).flatten(1).all(1)
+    both = real & g_ok & r_ok
+    torch.maximum(st[i, 0], relative_difference(torch.where(both[:, None, None], got, 0), torch.where(
+        both[:, None, None], ref, 0), both), out=st[i, 0])
     st[i, 1].add_(1)
+    st[i, 2].add_((real & ~g_ok).sum())
+    st[i, 3].add_((real & g_ok & ~r_ok).sum())
     return True
 
 
 def snapshot() -> dict:
-    """``{"enabled", "<kind>_calls", "<kind>_max_rel", ...}`` over this process's devices."""
+    """``{"enabled", "<kind>_calls", "<kind>_max_rel", "<kind>_nonfinite_route", "<kind>_nonfinite_ref", ...}``
+    over this process's devices (rows: real rows summed over the calls)."""
     out: dict = {"enabled": enabled()}
     for i, kind in enumerate(KINDS):
         vals = [t[i].tolist() for t in _STATE.values()]
         out[f"{kind}_calls"] = int(sum(v[1] for v in vals))
         out[f"{kind}_max_rel"] = max((v[0] for v in vals), default=0.0)
+        out[f"{kind}_nonfinite_route"] = int(sum(v[2] for v in vals))
+        out[f"{kind}_nonfinite_ref"] = int(sum(v[3] for v in vals))
     return out
