@@ -103,7 +103,7 @@ def _figs(k1=(0, 0.0), rows=(0, 0.0), decode=(0, 0.0), enabled=True, nonfinite=N
     f = {"enabled": enabled, "k1_calls": k1[0], "k1_max_rel": k1[1], "rows_calls": rows[0], "rows_max_rel": rows[1],
          "decode_calls": decode[0], "decode_max_rel": decode[1]}
     for k in ("k1", "rows", "decode"):
-        for side in ("route", "ref"):
+        for side in ("route", "ref", "both"):
             f[f"{k}_nonfinite_{side}"] = (nonfinite or {}).get((k, side), 0)
     return f
 
@@ -126,10 +126,12 @@ def test_judge_reads_the_check():
     # non-finite rows: the route's own fail; the decode kernel's alone leave the check unable to judge
     assert "not finite in 3 real rows" in ranks.route_check_problem(_run([_figs(k1=(40, 0.0), nonfinite={("k1", "route"): 3})]))
     assert "cannot judge" in ranks.route_check_problem(_run([_figs(k1=(40, 0.0), nonfinite={("k1", "ref"): 2})]))
+    # both sides non-finite in a row: the route agrees with vLLM's kernel there
+    assert ranks.route_check_problem(_run([_figs(k1=(40, 0.003), nonfinite={("k1", "both"): 6})])) is None
     # the first window's records have no counts: their NaN still fails
     old = _figs(k1=(85, float("nan")))
     for k in ("k1", "rows", "decode"):
-        del old[f"{k}_nonfinite_route"], old[f"{k}_nonfinite_ref"]
+        del old[f"{k}_nonfinite_route"], old[f"{k}_nonfinite_ref"], old[f"{k}_nonfinite_both"]
     assert "nan" in ranks.route_check_problem(_run([old]))
     err = _run([{"enabled": True, "error": "RuntimeError: boom"}])
     assert "boom" in ranks.route_check_problem(err)
@@ -140,21 +142,21 @@ def test_a_first_call_inside_a_capture_is_refused(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
     with pytest.raises(RuntimeError, match="inside a CUDA graph capture"):
         route_check.state(torch.device("cuda", 0))
-    assert route_check.state(torch.device("cpu")).shape == (3, 4)  # the CPU never captures
+    assert route_check.state(torch.device("cpu")).shape == (3, 5)  # the CPU never captures
 
 
 def test_snapshot_and_switch(monkeypatch):
     monkeypatch.setattr(route_check, "_STATE", {})
     monkeypatch.delenv("VLLM_PLATFORM_EXT_TQ_ROUTE_CHECK", raising=False)
     zero = {f"{k}_{x}": (0.0 if x == "max_rel" else 0) for k in ("k1", "rows", "decode")
-            for x in ("calls", "max_rel", "nonfinite_route", "nonfinite_ref")}
+            for x in ("calls", "max_rel", "nonfinite_route", "nonfinite_ref", "nonfinite_both")}
     assert route_check.snapshot() == {"enabled": False, **zero}
     monkeypatch.setenv("VLLM_PLATFORM_EXT_TQ_ROUTE_CHECK", "1")
     st = route_check.state(torch.device("cpu"))
-    st[1] = torch.tensor([0.25, 3.0, 0.0, 2.0])
+    st[1] = torch.tensor([0.25, 3.0, 0.0, 2.0, 1.0])
     snap = route_check.snapshot()
     assert snap["enabled"] and snap["rows_calls"] == 3 and snap["rows_max_rel"] == pytest.approx(0.25)
-    assert snap["rows_nonfinite_ref"] == 2 and snap["rows_nonfinite_route"] == 0
+    assert snap["rows_nonfinite_ref"] == 2 and snap["rows_nonfinite_route"] == 0 and snap["rows_nonfinite_both"] == 1
 
 
 def test_routes_snapshot_carries_probes_and_their_errors(monkeypatch):
@@ -194,8 +196,10 @@ def test_check_counts_which_side_is_not_finite(monkeypatch):
     ref[1, 0, 0] = float("nan")  # a real row the kernel left NaN
     got[2, 1, 3] = float("inf")  # a real row the route left infinite
     got[0] *= 1.1  # a real row 10% off
+    got[3, 0, 0] = ref[3, 0, 0] = float("nan")  # both sides: agreement, not the route's fault
     ref_out["v"] = ref
     assert route_check.check(_Impl(), None, torch.zeros(8, 2, 16), None, md, got, "k1")
     snap = route_check.snapshot()
     assert snap["k1_calls"] == 1 and snap["k1_nonfinite_route"] == 1 and snap["k1_nonfinite_ref"] == 1
+    assert snap["k1_nonfinite_both"] == 1
     assert snap["k1_max_rel"] == pytest.approx(0.1, rel=1e-4)

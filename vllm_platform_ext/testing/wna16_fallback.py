@@ -90,6 +90,13 @@ def installed() -> bool:
     return _LIB is not None
 
 
+def note(path: dict) -> dict:
+    """``path`` (an engine's ``engine_path``) with ``wna16`` naming this stand-in where it is installed."""
+    if installed():
+        path["wna16"] = "torch fallback (testing/wna16_fallback.py)"
+    return path
+
+
 def maybe_install() -> bool:
     """:func:`install` when ``VPE_WNA16_FALLBACK`` is set (the engine harness's switch)."""
     return install() if os.environ.get(ENV, "").lower() in ("1", "true", "yes", "on") else False

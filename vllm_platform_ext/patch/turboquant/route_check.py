@@ -29,8 +29,8 @@ KINDS = ("k1", "rows", "decode")
 # a row's relative difference is taken against max(|ref row|, FLOOR x the call's largest |ref row|): a row
 # whose attention output is near zero is not a relative blow-up
 FLOOR = 1e-2
-# device -> [len(KINDS), 4] float32: (largest relative difference over the rows both sides hold finite, calls,
-# real rows non-finite in the route's output, real rows non-finite only in the decode kernel's)
+# device -> [len(KINDS), 5] float32: (largest relative difference over the rows both sides hold finite, calls,
+# real rows non-finite in the route's output alone, in the decode kernel's alone, in both: the two agree there)
 _STATE: dict[str, torch.Tensor] = {}
 
 
@@ -47,7 +47,7 @@ def state(device: torch.device) -> torch.Tensor:
         if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
             raise RuntimeError(f"{GROUP}: first routed call inside a CUDA graph capture on {device}: its figures "
                                "would be reset by every replay")
-        t = _STATE[key] = torch.zeros(len(KINDS), 4, dtype=torch.float32, device=device)
+        t = _STATE[key] = torch.zeros(len(KINDS), 5, dtype=torch.float32, device=device)
     return t
 
 
@@ -104,14 +104,16 @@ def check(impl: Any, layer: Any, q: torch.Tensor, cache: torch.Tensor, attn_meta
     torch.maximum(st[i, 0], relative_difference(torch.where(both[:, None, None], got, 0), torch.where(
         both[:, None, None], ref, 0), both), out=st[i, 0])
     st[i, 1].add_(1)
-    st[i, 2].add_((real & ~g_ok).sum())
+    st[i, 2].add_((real & ~g_ok & r_ok).sum())
     st[i, 3].add_((real & g_ok & ~r_ok).sum())
+    st[i, 4].add_((real & ~g_ok & ~r_ok).sum())
     return True
 
 
 def snapshot() -> dict:
-    """``{"enabled", "<kind>_calls", "<kind>_max_rel", "<kind>_nonfinite_route", "<kind>_nonfinite_ref", ...}``
-    over this process's devices (rows: real rows summed over the calls)."""
+    """``{"enabled", "<kind>_calls", "<kind>_max_rel", "<kind>_nonfinite_route|ref|both", ...}`` over this
+    process's devices (rows: real rows summed over the calls; "both": non-finite on both sides, where the
+    route agrees with vLLM's kernel, e.g. a row whose window holds a slot nothing wrote)."""
     out: dict = {"enabled": enabled()}
     for i, kind in enumerate(KINDS):
         vals = [t[i].tolist() for t in _STATE.values()]
@@ -119,4 +121,5 @@ def snapshot() -> dict:
         out[f"{kind}_max_rel"] = max((v[0] for v in vals), default=0.0)
         out[f"{kind}_nonfinite_route"] = int(sum(v[2] for v in vals))
         out[f"{kind}_nonfinite_ref"] = int(sum(v[3] for v in vals))
+        out[f"{kind}_nonfinite_both"] = int(sum(v[4] for v in vals))
     return out
