@@ -507,7 +507,9 @@ def test_run_cells_fails_a_family_the_kit_cannot_write_and_judges_the_rest(monke
     monkeypatch.setattr(cell_replay, "save_runs", lambda *a, **k: (saved.append((len(a[5]), k["pending"])), save(*a, **k))[1])
     res = {r.id: r for r in cells.run_cells(todo, tmp_path, cells.settings_for("core", 2), parallel=2,
                                             log_dir=tmp_path / "logs")}
-    assert len(ran) == 3 and {tuple(e.items()) for _, e in ran} == {(), (("VLLM_PLUGINS", ""),)}
+    # the plugin TurboQuant cell runs with the route check on (patch/turboquant/route_check.py), the others without it
+    assert len(ran) == 3 and {tuple(e.items()) for _, e in ran} == {(("VLLM_PLATFORM_EXT_TQ_ROUTE_CHECK", "1"),),
+                                                                    (("VLLM_PLUGINS", ""),)}
     assert sorted(saved[:3]) == [(1, 2), (2, 1), (3, 0)] and saved[3:] == [(3, 0)], saved
     assert list(audited.values()) == [{todo[0].id: [[5]] * 7}]  # only the run that produced tokens
     assert res[todo[0].id].status == "pass" and res[todo[0].id].bad == 0.02 and res[todo[0].id].floor == 0.01
