@@ -108,6 +108,11 @@ def _figs(k1=(0, 0.0), rows=(0, 0.0), decode=(0, 0.0), enabled=True, nonfinite=N
     return f
 
 
+def test_the_judge_names_the_checks_group_and_kinds():
+    """ranks (torch-free, read by the judge) spells the check's group and route kinds as the check writes them."""
+    assert (ranks.ROUTE_CHECK_GROUP, ranks.ROUTE_CHECK_KINDS) == (route_check.GROUP, route_check.KINDS)
+
+
 def test_judge_reads_the_check():
     ok = _figs(k1=(40, 0.004), decode=(120, 0.003))
     assert ranks.route_check_problem(_run([ok])) is None
@@ -203,3 +208,24 @@ def test_check_counts_which_side_is_not_finite(monkeypatch):
     assert snap["k1_calls"] == 1 and snap["k1_nonfinite_route"] == 1 and snap["k1_nonfinite_ref"] == 1
     assert snap["k1_nonfinite_both"] == 1
     assert snap["k1_max_rel"] == pytest.approx(0.1, rel=1e-4)
+
+
+@pytest.mark.parametrize("figs,want", [
+    (_figs(k1=(40, 0.003)), None),
+    (_figs(k1=(40, 0.31)), "fail"),
+    (_figs(k1=(40, 0.0), nonfinite={("k1", "route"): 3}), "fail"),
+    (_figs(k1=(40, 0.0), nonfinite={("k1", "ref"): 2}), "harness-error"),
+], ids=["agrees", "differs", "route-nonfinite", "kernel-nonfinite"])
+def test_the_cell_judge_turns_the_check_into_a_status(figs, want):
+    """cell_judge.judge: a difference or the route's own non-finite rows fail a plugin cell; vLLM's kernel alone
+    non-finite leaves it a harness error; agreement leaves the verdict to the tokens."""
+    from vllm_platform_ext.testing import cell_judge
+    from vllm_platform_ext.testing.cell_suites import Cell
+    from vllm_platform_ext.testing.engine import EngineRun
+
+    run = EngineRun(mode="base", k=0, routes=_run([figs]).routes)
+    status, note = cell_judge.judge(Cell(kv="turboquant_k8v4"), run, [], ["a token problem"])
+    if want is None:
+        assert (status, note) == ("fail", "a token problem")  # the check passed: the tokens' verdict stands
+    else:
+        assert status == want and note == ranks.route_check_problem(run)

@@ -42,7 +42,7 @@ from vllm_platform_ext.testing.cell_suites import BATCH_FLOOR_KINDS, Cell
 from vllm_platform_ext.testing.engine import failed_patches
 from vllm_platform_ext.testing.engine_errors import HARNESS_ERRORS, error_line, harness_error
 from vllm_platform_ext.testing.identity import split_problem
-from vllm_platform_ext.testing.ranks import route_check_figures, route_check_problem, spec_route_problem
+from vllm_platform_ext.testing.ranks import CANNOT_JUDGE, route_check_figures, route_check_problem, spec_route_problem
 
 
 @dataclass
@@ -159,7 +159,7 @@ def judge(cell: Cell, run, criteria: list, problems: list | tuple = (), kit: str
         return ("fail" if cell.plugin else "harness-error"), route
     check = route_check_problem(run)
     if check:  # the route's attention output against vLLM's own decode kernel's, on the same cache
-        return ("harness-error" if "cannot judge" in check else "fail"), check
+        return ("harness-error" if check.endswith(CANNOT_JUDGE) else "fail"), check
     wrong = [c.text() for c in criteria if not c.ok] + list(problems)
     if not criteria and not problems:
         wrong = ["no position audited"]

@@ -223,6 +223,8 @@ def spec_route_problem(run, kv: str) -> str | None:
 ROUTE_CHECK_GROUP = "turboquant_route_check"
 ROUTE_CHECK_KINDS = ("k1", "rows", "decode")
 ROUTE_CHECK_TOL = 0.05
+# the end of route_check_problem's message when vLLM's kernel alone is not finite: the cell is then a harness error
+CANNOT_JUDGE = "the check cannot judge them"
 
 
 def route_check_figures(run) -> dict:
@@ -260,7 +262,7 @@ def route_check_problem(run, tol: float = ROUTE_CHECK_TOL) -> str | None:
                     f"over {figs[f'{k}_calls']} calls")
         if figs[f"{k}_nonfinite_ref"]:
             return (f"{ROUTE_CHECK_GROUP}: vLLM's decode kernel gave {figs[f'{k}_nonfinite_ref']} non-finite real {k} "
-                    f"rows where the route's are finite: the check cannot judge them")
+                    f"rows where the route's are finite: {CANNOT_JUDGE}")
         rel = figs[f"{k}_max_rel"]
         if figs[f"{k}_calls"] and not rel <= tol:  # NaN fails too (records without the non-finite counts)
             return (f"the TurboQuant route's {k} attention differs from vLLM's decode kernel on the same cache: "
