@@ -107,10 +107,11 @@ def cpu_int4_path() -> str:
     the activations quantized to int8 where ``VLLM_CPU_INT4_W4A8`` (default on) meets an AMX host and bf16
     activations; else ``cpu_gemm_wna16`` (bf16/float activations), or this module's stand-in."""
     import torch
+    from vllm import envs as vllm_envs
 
     if installed():
         return "torch fallback (testing/wna16_fallback.py)"
-    if os.environ.get(W4A8_ENV, "1") not in ("0", "") and torch.cpu._is_amx_tile_supported():
+    if vllm_envs.VLLM_CPU_INT4_W4A8 and torch.cpu._is_amx_tile_supported():  # vLLM's own reading of the switch
         return "w4a8: int4_scaled_mm_cpu, int8 activations (VLLM_CPU_INT4_W4A8, AMX)"
     return "cpu_gemm_wna16"
 
