@@ -74,6 +74,62 @@ def test_a_captured_graphs_padding_is_not_compared():
     assert float(route_check.relative_difference(got, ref, real)) == pytest.approx(0.5, rel=1e-5)
 
 
+def test_pad_slots_are_not_compared():
+    """vLLM 0.26's dummy K+1 runs under FULL graphs (H200, 2026-12-03, results/gpu/2026-12-03-dummy-run-nan/):
+    ``seq_lens`` K+1 = 4 for every request, so each looks real by its lengths, but ``slot_mapping`` is all -1
+    (PAD_SLOT_ID): nothing is written to the cache, and vLLM's decode kernel read slots nobody wrote (NaN in every
+    MTP k=3 cell). A token whose own slot is negative is padding; a real token beside it stays real."""
+    k1 = 4
+    seq = torch.full((3,), k1, dtype=torch.int32)
+    qsl = torch.arange(0, 13, k1, dtype=torch.int32)
+    bt = torch.arange(12, dtype=torch.int32).view(3, 4)
+    dummy = torch.full((16,), -1, dtype=torch.int64)  # padded past the 12 tokens too, as the runner pads
+    _, _, real = route_check.token_rows(qsl, seq, bt, 12, dummy)
+    assert not real.any()
+    # without slot_mapping the lengths alone call them real: the check needs the slots
+    _, _, by_lens = route_check.token_rows(qsl, seq, bt, 12)
+    assert by_lens.all()
+    # a real step: request 0 and 2 write their slots, request 1 is a pad request (-1), one more pad token at the end
+    seq = torch.tensor([37, 4, 20], dtype=torch.int32)
+    slots = torch.tensor([100, 101, 102, 103, -1, -1, -1, -1, 7, 8, 9, 10, -1], dtype=torch.int64)
+    _, lens, real = route_check.token_rows(qsl, seq, bt, 13, slots)
+    assert real.tolist() == [True] * 4 + [False] * 4 + [True] * 4 + [False]
+    assert lens[:4].tolist() == [34, 35, 36, 37] and lens[8:12].tolist() == [17, 18, 19, 20]
+    # a slot_mapping shorter than the rows (never seen; defensive): the rows past it are not compared
+    _, _, real = route_check.token_rows(qsl, seq, bt, 12, slots[:6])
+    assert real.tolist() == [True] * 4 + [False] * 8
+    ref = torch.randn(12, 2, 8)
+    got = ref.clone()
+    ref[4:8] = float("nan")  # the decode kernel on the unwritten slots
+    _, _, real = route_check.token_rows(qsl, seq, bt, 12, slots)
+    assert float(route_check.relative_difference(got, ref, real)) == 0.0
+
+
+def test_check_reads_the_metadatas_slot_mapping(monkeypatch):
+    """check() hands the metadata's own slot_mapping to token_rows: the dummy run's rows count as no non-finite row."""
+    from vllm_platform_ext.patch.turboquant import upstream_rows
+
+    monkeypatch.setattr(route_check, "_STATE", {})
+    monkeypatch.setattr(upstream_rows, "decode_kernel", lambda impl: object())
+
+    def rows_forward(impl, layer, q, cache, bt, lens, one, out):
+        out.copy_(torch.full_like(out, float("nan")))  # unwritten slots
+        return True
+
+    monkeypatch.setattr(upstream_rows, "rows_forward", rows_forward)
+    md = SimpleNamespace(query_start_loc=torch.arange(0, 13, 4, dtype=torch.int32),
+                         seq_lens=torch.full((3,), 4, dtype=torch.int32),
+                         block_table=torch.zeros(3, 2, dtype=torch.int32),
+                         slot_mapping=torch.full((12,), -1, dtype=torch.int64))
+    q = torch.randn(12, 2, 8)
+    assert route_check.check(None, None, q, None, md, q.clone(), "k1")
+    figs = route_check.snapshot()
+    assert figs["k1_calls"] == 1 and figs["k1_nonfinite_ref"] == 0 and figs["k1_max_rel"] == 0.0
+    md.slot_mapping = torch.arange(12, dtype=torch.int64)  # the same call with written slots: vLLM's NaN counted
+    assert route_check.check(None, None, q, None, md, q.clone(), "k1")
+    assert route_check.snapshot()["k1_nonfinite_ref"] == 12
+
+
 def test_relative_difference_against_float64():
     torch.manual_seed(0)
     ref = torch.randn(6, 4, 64)

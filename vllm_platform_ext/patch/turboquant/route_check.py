@@ -51,12 +51,15 @@ def state(device: torch.device) -> torch.Tensor:
     return t
 
 
-def token_rows(query_start_loc: torch.Tensor, seq_lens: torch.Tensor, block_table: torch.Tensor, n: int):
+def token_rows(query_start_loc: torch.Tensor, seq_lens: torch.Tensor, block_table: torch.Tensor, n: int,
+               slot_mapping: torch.Tensor | None = None):
     """``(block-table row, causal length, real)`` of each of the ``n`` query tokens: token ``j`` of a
     request with ``q`` tokens this step and ``seq_len`` positions (the new ones included) sees the
     first ``seq_len - q + 1 + j``. ``real`` is False for a captured graph's padding: a token past the
-    last request's, or a padded request's (its ``seq_len`` too short to hold its own tokens; vLLM
-    pads with 0), whose rows vLLM throws away. Torch ops only, on the tensors' device."""
+    last request's, a padded request's (its ``seq_len`` too short to hold its own tokens; vLLM
+    pads with 0), or, given ``slot_mapping``, a token whose own slot is negative (PAD_SLOT_ID: nothing
+    of it is written to the cache; vLLM 0.26's dummy K+1 runs are all such tokens, measured on the H200
+    2026-12-03), whose rows vLLM throws away. Torch ops only, on the tensors' device."""
     num_reqs = seq_lens.shape[0]
     qsl = query_start_loc[: num_reqs + 1].to(torch.int64)
     tok = torch.arange(n, device=qsl.device, dtype=torch.int64)
@@ -65,6 +68,11 @@ def token_rows(query_start_loc: torch.Tensor, seq_lens: torch.Tensor, block_tabl
     sl = seq_lens.to(torch.int64)[req]
     lens = sl - qlen + 1 + (tok - start)
     real = (tok < qsl[-1]) & (sl >= qlen) & (qlen > 0)
+    if slot_mapping is not None:
+        m = min(n, slot_mapping.shape[0])
+        own = torch.zeros(n, dtype=torch.bool, device=qsl.device)
+        own[:m] = slot_mapping[:m].to(qsl.device) >= 0
+        real = real & own
     return block_table[req], lens.clamp_min(1).to(seq_lens.dtype), real
 
 
@@ -92,7 +100,8 @@ def check(impl: Any, layer: Any, q: torch.Tensor, cache: torch.Tensor, attn_meta
     if decode_kernel(impl) is None:
         return False
     n = q.shape[0]
-    bt, lens, real = token_rows(attn_metadata.query_start_loc, attn_metadata.seq_lens, attn_metadata.block_table, n)
+    bt, lens, real = token_rows(attn_metadata.query_start_loc, attn_metadata.seq_lens, attn_metadata.block_table, n,
+                                getattr(attn_metadata, "slot_mapping", None))
     ref = torch.empty_like(got)
     if not rows_forward(impl, layer, q, cache, bt, lens, 1, ref):
         return False
