@@ -38,10 +38,41 @@ class _Stub(types.ModuleType):
         return _placeholder
 
 
+def _stub(name: str) -> None:
+    s = _Stub(name)
+    s.__path__ = []
+    sys.modules.setdefault(name, s)
+
+
 for _m in ("vllm._C_stable_libtorch", "vllm._C", "vllm._moe_C", "vllm.vllm_flash_attn"):
-    _s = _Stub(_m)
-    _s.__path__ = []
-    sys.modules.setdefault(_m, _s)
+    _stub(_m)
+# CUDA-only kernel packages a line's wheel requires and imports while it resolves quantization methods
+# (0.23: ``humming``); stubbed only where this venv lacks them
+import importlib.util  # noqa: E402
+
+class _StubFinder:
+    """Answers the imports of ``packages`` and their submodules with :class:`_Stub` modules."""
+
+    def __init__(self, packages):
+        self.packages = tuple(packages)
+
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in self.packages:
+            return importlib.util.spec_from_loader(name, self)
+        return None
+
+    def create_module(self, spec):
+        mod = _Stub(spec.name)
+        mod.__path__ = []
+        return mod
+
+    def exec_module(self, module):
+        pass
+
+
+_missing = [p for p in ("humming",) if importlib.util.find_spec(p) is None]
+if _missing:
+    sys.meta_path.append(_StubFinder(_missing))
 
 # the ops layer constructors look up (they would be called in forward only)
 INIT_OPS = {"silu_and_mul", "gelu_and_mul", "mul_and_silu", "gelu_tanh_and_mul", "fatrelu_and_mul",

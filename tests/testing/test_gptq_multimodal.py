@@ -144,3 +144,22 @@ def test_line_0_26_refuses_mtp_on_the_text_class(line):
     """Why the multimodal form: the line takes no MTP draft for ``Qwen3_5ForCausalLM`` (the kit's text form)."""
     err = line["checkpoints"][line["text"]].get("config_error", "")
     assert "Qwen3_5ForCausalLM" in err and "not supported" in err, err[:500]
+
+
+def test_a_carried_root_is_completed_as_built(root, tmp_path):
+    """``run`` on a ROOT carried without the bf16 kit and the twins (a few MB) remakes them byte for byte, and
+    refuses a bf16 kit other than the one the checkpoints were quantized from."""
+    import shutil
+
+    carried = tmp_path / "carried"
+    for name in (*gptq_kit.VARIANTS, gptq_cells.KIT_FILE):
+        (shutil.copytree if (root / name).is_dir() else shutil.copy2)(root / name, carried / name)
+    size = sum(f.stat().st_size for f in carried.rglob("*") if f.is_file())
+    assert size < 5 << 20, size
+    gptq_cells.complete(carried)
+    for d in ("bf16", *(f"{v}-deq" for v in gptq_kit.VARIANTS)):
+        assert (carried / d / "model.safetensors").read_bytes() == (root / d / "model.safetensors").read_bytes(), d
+    kit = json.loads((carried / gptq_cells.KIT_FILE).read_text())
+    (carried / gptq_cells.KIT_FILE).write_text(json.dumps({**kit, "bf16_sha256": "0" * 64}))
+    with pytest.raises(RuntimeError, match="not the bf16 kit"):
+        gptq_cells.complete(carried)

