@@ -1,5 +1,5 @@
 """The GPU GPTQ kit (issue 50): ``gptq_cells build ROOT --kind qwen3_5 --dims gpu`` writes GPTQ checkpoints in the
-multimodal form the CUDA lines take MTP on, and vLLM 0.26.0's own code (on this CPU host: the line's Python, its
+multimodal form the CUDA lines take MTP on, and vLLM 0.23.0's and 0.26.0's own code (on this CPU host: the line's Python, its
 compiled code absent) builds and loads them as its engine would.
 
 vLLM 0.23-0.26 CUDA run Qwen3.5 MTP only on ``Qwen3_5ForConditionalGeneration`` (``SpeculativeConfig`` turns
@@ -29,13 +29,13 @@ import pytest
 
 import torch
 
-from conftest import REPO, line_source
+from conftest import REPO, line_source, load_tool
 from vllm_platform_ext.testing import gptq_cells, gptq_kit
 from vllm_platform_ext.testing.gptq_multimodal import MM_PREFIX, text_form
 
 QDEPS = Path(os.environ.get("VPE_QDEPS") or Path(REPO) / ".qdeps")
 CHILD = os.path.join(REPO, "tests", "testing", "gptq_line_child.py")
-LINE = (0, 26)
+LINES = ((0, 23), (0, 26))  # the CUDA lines of the GPU machine
 FUSED = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj"),
          "in_proj_qkvz": ("in_proj_qkv", "in_proj_z"), "in_proj_ba": ("in_proj_b", "in_proj_a")}
 
@@ -55,20 +55,29 @@ def root(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def line(root, tmp_path_factory) -> dict:
-    """The 0.26 line's child on both variants and on the bf16 kit's text form."""
-    dumps = tmp_path_factory.mktemp("dumps")
+def lines(root, tmp_path_factory) -> dict:
+    """Each line's child (run side by side) on both variants and on the bf16 kit's text form."""
+    tool = load_tool("ci/tools/vllm_lines.py")
+    missing = tool.deps_missing()  # gguf, which the 0.22-0.25 lines import
+    if missing:
+        pytest.fail(missing)
     text = text_form(root / "bf16", tmp_path_factory.mktemp("text") / "bf16-text")
-    args = [f"{root / v}={dumps / v}" for v in gptq_kit.VARIANTS] + [str(text)]
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([line_source(LINE), REPO]), VLLM_PLUGINS="",
-               HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", CHILD_PORT=str(29500 + os.getpid() % 400))
-    proc = subprocess.run([sys.executable, CHILD, *args], capture_output=True, text=True, env=env, timeout=900,
-                          cwd=REPO)
-    found = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
-    assert found, f"child printed no result (rc {proc.returncode}):\n{proc.stderr[-4000:]}"
-    res = json.loads(found[-1][len("RESULT "):])
-    res["dumps"], res["text"] = dumps, str(text)
-    return res
+    procs, dumps = {}, {}
+    for i, key in enumerate(LINES):
+        dumps[key] = tmp_path_factory.mktemp(f"dumps-{key[1]}")
+        args = [f"{root / v}={dumps[key] / v}" for v in gptq_kit.VARIANTS] + [str(text)]
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join([line_source(key), REPO, str(tool.DEPS_DIR)]), VLLM_PLUGINS="",
+                   HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", CHILD_PORT=str(29500 + (os.getpid() + 7 * i) % 400))
+        procs[key] = subprocess.Popen([sys.executable, CHILD, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                      text=True, env=env, cwd=REPO)
+    out = {}
+    for key, proc in procs.items():
+        stdout, stderr = proc.communicate(timeout=900)
+        found = [ln for ln in stdout.splitlines() if ln.startswith("RESULT ")]
+        assert found, f"{key} child printed no result (rc {proc.returncode}):\n{stderr[-4000:]}"
+        out[key] = json.loads(found[-1][len("RESULT "):])
+        out[key]["dumps"], out[key]["text"] = dumps[key], str(text)
+    return out
 
 
 def _hf_names(model: str, module: str) -> list[str]:
@@ -107,8 +116,10 @@ def test_build_writes_the_multimodal_gptq_form(root):
         assert json.loads((deq / "config.json").read_text())["architectures"] == ["Qwen3_5ForConditionalGeneration"]
 
 
-def test_line_0_26_builds_and_loads_the_kit_with_mtp(root, line):
+@pytest.mark.parametrize("key", LINES, ids=lambda k: f"{k[0]}.{k[1]}")
+def test_line_builds_and_loads_the_kit_with_mtp(root, lines, key):
     """The line's engine config, layers and weight loading on both variants; every weight as the twin's."""
+    line = lines[key]
     for name, mtp in gptq_kit.VARIANTS.items():
         res = line["checkpoints"][str(root / name)]
         assert "config_error" not in res, res["config_error"]
@@ -140,9 +151,10 @@ def test_line_0_26_builds_and_loads_the_kit_with_mtp(root, line):
         assert res["draft"]["modules"]["model.fc"]["method"] == "UnquantizedLinearMethod"
 
 
-def test_line_0_26_refuses_mtp_on_the_text_class(line):
+@pytest.mark.parametrize("key", LINES, ids=lambda k: f"{k[0]}.{k[1]}")
+def test_line_refuses_mtp_on_the_text_class(lines, key):
     """Why the multimodal form: the line takes no MTP draft for ``Qwen3_5ForCausalLM`` (the kit's text form)."""
-    err = line["checkpoints"][line["text"]].get("config_error", "")
+    err = lines[key]["checkpoints"][lines[key]["text"]].get("config_error", "")
     assert "Qwen3_5ForCausalLM" in err and "not supported" in err, err[:500]
 
 

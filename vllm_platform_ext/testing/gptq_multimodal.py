@@ -39,7 +39,7 @@ class MultimodalFormError(RuntimeError):
 def _to_text_name(name: str) -> str:
     if name.startswith(MM_PREFIX):
         return TEXT_PREFIX + name[len(MM_PREFIX):]
-    if name.startswith("model.") :
+    if name.startswith("model."):
         raise MultimodalFormError(f"{name}: a multimodal kit tensor under model.* but not {MM_PREFIX}* "
                                   "(a vision tower?): the text form has no place for it")
     return name
