@@ -23,6 +23,7 @@ DYN = {"quant_method": "gptq", "bits": 4, "group_size": 128, "sym": True, "desc_
        "dynamic": {"-:.*mtp.*": {}}}
 PLAIN = {k: v for k, v in DYN.items() if k != "dynamic"}
 MTP_MOE, TGT_MOE = "mtp.layers.0.mlp.experts", "model.layers.0.mlp.experts"
+RELATIVE = [["self_attn.q_proj"], ["mlp.experts.0.gate_proj", "mlp.experts.0.up_proj", "mlp.experts.0.down_proj"]]
 MTP_LIN, TGT_LIN = "mtp.layers.0.self_attn.q_proj", "model.layers.0.self_attn.q_proj"
 
 
@@ -115,7 +116,23 @@ def cases(ckpt: str) -> dict:
     out["gptq_shipped_marlin"] = {"mtp_moe": choice(cfg, big, MTP_MOE), "target_moe": choice(cfg, big, TGT_MOE),
                                   "mtp_linear": choice(cfg, linear_layer(), MTP_LIN),
                                   "target_linear": choice(cfg, linear_layer(), TGT_LIN)}
-    # 3. explicit quantization="moe_wna16" on the GPTQ checkpoint, with and without the rule
+    # 3. AutoRound's own GPTQ export: a module list of names relative to the block, which match the MTP
+    #    layer's modules by substring (vLLM #47828); the shipped dtypes are then not read
+    cfg = AutoGPTQConfig.from_config(dict(PLAIN, modules_in_block_to_quantize=RELATIVE))
+    cfg.maybe_update_config(ckpt)
+    out["gptq_relative_list"] = {"mtp_moe": choice(cfg, big, MTP_MOE), "target_moe": choice(cfg, big, TGT_MOE),
+                                 "mtp_linear": choice(cfg, linear_layer(), MTP_LIN),
+                                 "target_linear": choice(cfg, linear_layer(), TGT_LIN)}
+    # 3b. the same checkpoint behind a model whose weights mapper renames mtp.* (vLLM's names differ from
+    #     the checkpoint's): the shipped dtypes follow the names the layers get
+    from vllm.model_executor.models.utils import WeightsMapper
+
+    cfg = AutoGPTQConfig.from_config(dict(PLAIN))
+    cfg.maybe_update_config(ckpt)
+    cfg.apply_vllm_mapper(WeightsMapper(orig_to_new_prefix={"mtp.": "draft."}))
+    out["gptq_mapped_names"] = {"mtp_moe": choice(cfg, big, MTP_MOE.replace("mtp.", "draft.")),
+                                "target_moe": choice(cfg, big, TGT_MOE)}
+    # 4. explicit quantization="moe_wna16" on the GPTQ checkpoint, with and without the rule
     for name, raw in (("moe_wna16_dynamic", DYN), ("moe_wna16_shipped", PLAIN)):
         cfg = MoeWNA16Config.from_config(dict(raw))
         cfg.maybe_update_config(ckpt)

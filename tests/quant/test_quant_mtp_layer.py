@@ -9,7 +9,8 @@ and the target's fused-MoE and linear layers: first with the groups off, then on
 
 Found on 0.22-0.26 and 0.32 (run here, 2026-12-06; 0.32/0.33 share these files byte for byte):
 off, the MTP experts get int4 methods on every path (AutoGPTQ's moe_wna16 fallback ignores the
-dynamic rule, AutoGPTQ's Marlin path the shipped-module list, explicit moe_wna16 both); explicit
+dynamic rule, AutoGPTQ's Marlin path the shipped-module list, explicit moe_wna16 both); with
+AutoRound's block-relative module list the MTP's bf16 linears are quantized too (#47828); explicit
 moe_wna16 leaves the target's linears unquantized on 0.22-0.26 and quantizes the MTP's bf16 linears
 on 0.32+. On, every MTP layer is unquantized and every target layer quantized. Where a line's probe
 says "not needed" (upstream fixed it), the off half must already be right instead.
@@ -32,6 +33,7 @@ CHILD = Path(__file__).with_name("mtp_layer_child.py")
 GROUP, KERNEL_GROUP = "quant.mtp_layer_config", "moe.wna16_kernel_call"
 UNQ_MOE, UNQ_LIN = "UnquantizedFusedMoEMethod", "UnquantizedLinearMethod"
 QUANT_MOE = {"gptq_dynamic_fallback": "MoeWNA16Method", "gptq_shipped_marlin": "AutoGPTQMoEMethod",
+             "gptq_relative_list": "AutoGPTQMoEMethod", "gptq_mapped_names": "AutoGPTQMoEMethod",
              "moe_wna16_dynamic": "MoeWNA16Method", "moe_wna16_shipped": "MoeWNA16Method"}
 
 
@@ -69,7 +71,10 @@ def test_without_the_group_the_lines_code_quantizes_the_mtp_layer(line):
     for case, quant in QUANT_MOE.items():
         assert off[case]["mtp_moe"] == quant, (key, case, off[case])  # int4 experts for bf16 weights
         assert off[case]["target_moe"] == quant, (key, case, off[case])
-    assert off["gptq_shipped_marlin"]["mtp_linear"] == UNQ_LIN  # the linear path was right all along
+    assert off["gptq_shipped_marlin"]["mtp_linear"] == UNQ_LIN  # the list read from the dtypes: linears right
+    # AutoRound's own export lists block-relative names, which match the MTP layer: its bf16 linears
+    # quantized too (vLLM #47828), the dtypes never read
+    assert off["gptq_relative_list"]["mtp_linear"] == "AutoGPTQLinearMethod", off["gptq_relative_list"]
     # explicit moe_wna16: its linears get a GPTQ config with an empty module list
     explicit = off["moe_wna16_shipped"]
     if key <= (0, 26):  # is_layer_gptq_quantized([]) is False: the target's int4 linears unquantized
@@ -106,8 +111,10 @@ def test_0_32_shares_the_files_with_0_33():
 def test_probe_by_feature():
     from vllm_platform_ext.quant import mtp_layer
 
-    assert mtp_layer.needs("dynamic modules_in_block_to_quantize", "modules_in_block_to_quantize") == []
-    assert len(mtp_layer.needs("", "")) == 3
+    fixed = "meta = get_safetensors_params_metadata(model_name)\nif not self.modules_in_block_to_quantize: return"
+    assert mtp_layer.needs("dynamic modules_in_block_to_quantize", "modules_in_block_to_quantize", fixed) == []
+    today = "if self.modules_in_block_to_quantize: return\nmeta = get_safetensors_params_metadata(model_name)"
+    assert len(mtp_layer.needs("", "", today)) == 4
 
 
 def test_bad_dynamic_names_the_problem():
