@@ -125,3 +125,19 @@ def test_bad_dynamic_names_the_problem():
 
     with pytest.raises(ValueError, match="quantization_config.dynamic must be a mapping"):
         mtp_layer.dynamic_rules(Config())
+
+
+def test_a_plugin_class_no_import_path_reaches_is_left_alone():
+    """A GPTQ-family subclass made where no module path reaches it (a test's, a factory's) is no patch
+    target: model init (``configure_quant_config``) must not fail on it."""
+    from vllm.model_executor.layers.quantization.moe_wna16 import MoeWNA16Config
+
+    from vllm_platform_ext.quant import mtp_layer
+
+    class Vendor(MoeWNA16Config):
+        def get_quant_method(self, layer, prefix):
+            return None
+
+    Vendor.__module__ = "vendor_plugin.quant_config"
+    assert Vendor not in mtp_layer.vendor_classes()
+    assert not any("vendor_plugin" in t for t in mtp_layer.land_on_vendors())

@@ -237,9 +237,20 @@ def vendor_classes() -> list[type]:
         for sub in todo.pop().__subclasses__():
             todo.append(sub)
             if (not sub.__module__.startswith(("vllm.", "vllm_platform_ext."))
-                    and "get_quant_method" in vars(sub) and sub not in out):
+                    and "get_quant_method" in vars(sub) and sub not in out and _reachable(sub)):
                 out.append(sub)
     return out
+
+
+def _reachable(cls: type) -> bool:
+    """``cls`` is what its module's name path resolves to (a class made in a function, or whose module was
+    not imported by name, cannot be a patch target: its override is left as is)."""
+    import sys
+
+    obj: Any = sys.modules.get(cls.__module__)
+    for part in cls.__qualname__.split("."):
+        obj = getattr(obj, part, None)
+    return obj is cls
 
 
 def _target(cls: type) -> str:
