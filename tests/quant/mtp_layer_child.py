@@ -123,11 +123,20 @@ def cases(ckpt: str) -> dict:
     out["gptq_relative_list"] = {"mtp_moe": choice(cfg, big, MTP_MOE), "target_moe": choice(cfg, big, TGT_MOE),
                                  "mtp_linear": choice(cfg, linear_layer(), MTP_LIN),
                                  "target_linear": choice(cfg, linear_layer(), TGT_LIN)}
+    # 3a. AutoRound's own rules: one negative rule per excluded linear (its to_standard_regex), here the MTP
+    #     experts' -- never matching the fused layer's own name (the dtypes not read: the rules alone decide)
+    import re
+
+    per_linear = {f"-:.*{re.escape(f'{MTP_MOE}.{e}.{p}')}.*": {} for e in range(4)
+                  for p in ("gate_proj", "up_proj", "down_proj")}
+    cfg = AutoGPTQConfig.from_config(dict(PLAIN, dynamic=per_linear))
+    out["gptq_autoround_rules"] = {"mtp_moe": choice(cfg, big, MTP_MOE), "target_moe": choice(cfg, big, TGT_MOE)}
     # 3b. the same checkpoint behind a model whose weights mapper renames mtp.* (vLLM's names differ from
-    #     the checkpoint's): the shipped dtypes follow the names the layers get
+    #     the checkpoint's): the shipped dtypes follow the names the layers get (with AutoRound's list, which
+    #     matches every name, only the dtypes can tell)
     from vllm.model_executor.models.utils import WeightsMapper
 
-    cfg = AutoGPTQConfig.from_config(dict(PLAIN))
+    cfg = AutoGPTQConfig.from_config(dict(PLAIN, modules_in_block_to_quantize=RELATIVE))
     cfg.maybe_update_config(ckpt)
     cfg.apply_vllm_mapper(WeightsMapper(orig_to_new_prefix={"mtp.": "draft."}))
     out["gptq_mapped_names"] = {"mtp_moe": choice(cfg, big, MTP_MOE.replace("mtp.", "draft.")),

@@ -34,6 +34,7 @@ GROUP, KERNEL_GROUP = "quant.mtp_layer_config", "moe.wna16_kernel_call"
 UNQ_MOE, UNQ_LIN = "UnquantizedFusedMoEMethod", "UnquantizedLinearMethod"
 QUANT_MOE = {"gptq_dynamic_fallback": "MoeWNA16Method", "gptq_shipped_marlin": "AutoGPTQMoEMethod",
              "gptq_relative_list": "AutoGPTQMoEMethod", "gptq_mapped_names": "AutoGPTQMoEMethod",
+             "gptq_autoround_rules": "AutoGPTQMoEMethod",
              "moe_wna16_dynamic": "MoeWNA16Method", "moe_wna16_shipped": "MoeWNA16Method"}
 
 

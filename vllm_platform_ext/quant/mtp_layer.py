@@ -37,6 +37,7 @@ layers get. A layer the checkpoint ships quantized is never changed.
 from __future__ import annotations
 
 import inspect
+import re
 from typing import Any
 
 from vllm_platform_ext.patching import Patch, PatchGroup
@@ -54,6 +55,7 @@ TARGETS = (f"{GPTQ}.get_quant_method", f"{GPTQ}.maybe_update_config", f"{GPTQ}.a
 # the modules the checkpoint ships as a float 2-D ``.weight`` and nothing quantized (its tensors' dtypes)
 SHIPPED = "vpe_unquantized_modules"
 FLOAT_DTYPES = ("F16", "BF16", "F32", "F64")
+PER_EXPERT = re.compile(r"(^|\.)experts\.\d+\.")
 
 
 def dynamic_rules(config: Any) -> dict:
@@ -132,11 +134,17 @@ def excluded(config: Any, layer: Any, prefix: str) -> str | None:
         holder = type("Rules", (), {"dynamic": rules})()
         if utils.get_dynamic_override(holder, layer_name=prefix) is False:  # vLLM's own matching
             return "a dynamic negative rule excludes it"
+        # AutoRound writes one rule per linear (``-:.*mtp\.layers\.0\.mlp\.experts\.0\.gate_proj.*``),
+        # which the fused layer's own name never matches: its experts' names do
+        if is_moe and all(utils.get_dynamic_override(holder, layer_name=f"{prefix}.0.{p}") is False
+                          for p in EXPERT_PROJS[:3]):
+            return "dynamic negative rules exclude its experts"
     if _ships_unquantized(config, layer, prefix, is_moe):
         return "the checkpoint ships it unquantized (its tensors' dtypes)"
     listed = getattr(config, "modules_in_block_to_quantize", None) or []
-    if listed and is_moe:
-        modules = flatten(listed)
+    modules = flatten(listed) if listed and is_moe else []
+    # only a list that names experts one by one (``...experts.0.gate_proj``) can say an expert is left out
+    if any(PER_EXPERT.search(m) for m in modules):
         if not any(utils.is_layer_gptq_quantized(f"{prefix}.0.{p}", modules) for p in EXPERT_PROJS):
             return "the checkpoint ships its experts unquantized (not in modules_in_block_to_quantize)"
     return None
