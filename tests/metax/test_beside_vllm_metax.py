@@ -354,7 +354,12 @@ def test_mtp_experts_unquantized_through_maca_gptq_config(branch, metax_first, l
     the releases' '-:.*mtp.*' rule: the MTP experts get int4 (vLLM-metax PR #294's C500 run, accepted=0).
     quant.mtp_layer_config lands on its class -- at bootstrap when vLLM-metax's plugin ran first, else at
     model init -- and builds them unquantized; the target's stay int4."""
-    out = run_branch(branch, metax_first, line_dirs, mxsml_dir, tmp_path_factory)["main"]["mtp_quant"]
+    main = run_branch(branch, metax_first, line_dirs, mxsml_dir, tmp_path_factory)["main"]
+    out = main["mtp_quant"]
+    # the kernel-call adapter: vLLM's MoeWNA16Method of 0.22-0.26 and vLLM-metax's own call fused_experts
+    # themselves (no kernel object); their inplace reading is moe.disable_inplace_default's
+    kernel = main["entries"]["moe.wna16_kernel_call"]
+    assert kernel[0] == "skipped" and "not applicable" in kernel[1], kernel
     assert out["config"].startswith("vllm_metax.") and out["config"].endswith("MacaAutoGPTQConfig"), out
     assert out["at_bootstrap"] is metax_first and out["at_model_init"], out
     assert out["on"] == {"mtp_moe": "UnquantizedFusedMoEMethod", "target_moe": "MoeWNA16Method"}, out
