@@ -138,6 +138,35 @@ def moe():
     return out
 
 
+def mtp_quant():
+    """vLLM-metax's GPTQ config (registered as gptq) on the MTP layer's experts: quant.mtp_layer_config
+    lands on its class (at bootstrap where vLLM-metax's plugin ran first, else at model init through
+    vLLM's configure_quant_config); on, then off."""
+    import pathlib
+    import torch
+    import vllm_platform_ext
+    from vllm_platform_ext import patching, quant
+    from vllm_platform_ext.quant import mtp_layer
+    from vllm.model_executor.layers.quantization import get_quantization_config
+    import vllm.model_executor.model_loader.utils as loader_utils
+
+    sys.path.insert(0, str(pathlib.Path(vllm_platform_ext.__file__).parents[1] / "tests" / "quant"))
+    import mtp_layer_child as kit
+
+    cls = get_quantization_config("gptq")
+    out = {"config": qual(cls), "at_bootstrap": patching.carries(cls, "get_quant_method", mtp_layer.NAME)}
+    cfg = cls.from_config(dict(kit.DYN))
+    loader_utils.configure_quant_config(cfg, type("Model", (torch.nn.Module,), {}))  # what model init runs
+    out["at_model_init"] = patching.carries(cls, "get_quant_method", mtp_layer.NAME)
+    layer = kit.moe_layer(128)
+    out["on"] = {"mtp_moe": kit.choice(cfg, layer, kit.MTP_MOE), "target_moe": kit.choice(cfg, layer, kit.TGT_MOE)}
+    patching.restore(mtp_layer.NAME)
+    out["off"] = {"mtp_moe": kit.choice(cfg, layer, kit.MTP_MOE), "target_moe": kit.choice(cfg, layer, kit.TGT_MOE)}
+    (group,) = [g for g in quant.groups() if g.name == mtp_layer.NAME]
+    patching.apply(group.name, list(group.build()))
+    return out
+
+
 def gdn():
     from vllm.model_executor import custom_op
     oot = custom_op.op_registry_oot.get("ChunkGatedDeltaRule")  # vLLM's out-of-tree op registry
@@ -168,6 +197,7 @@ def state(spawned=False):
     from vllm_platform_ext import cli
     out["turboquant"] = turboquant()
     out["moe"] = moe()
+    out["mtp_quant"] = mtp_quant()
     out["gdn"] = gdn()
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
     out["may_reorder_batch"] = GPUModelRunner._may_reorder_batch.__module__
@@ -314,6 +344,26 @@ def test_platform_compat_order_and_fix_targets(branch, metax_first, line_dirs, m
     print(f"\n{branch} ({'metax' if metax_first else 'ours'} first): platform {out['platform']}; "
           f"compat before {sorted(early)}; TurboQuant {tq['first']['backend']} patched; moe {moe['config']} "
           f"apply {moe['apply']}; GDN chunk op {chunk}; bootstrap {out['bootstrap']}")
+
+
+@pytest.mark.parametrize("metax_first", ORDERS)
+@pytest.mark.parametrize("branch", BRANCHES)
+def test_mtp_experts_unquantized_through_maca_gptq_config(branch, metax_first, line_dirs, mxsml_dir,
+                                                          tmp_path_factory):
+    """vLLM-metax's MacaAutoGPTQConfig sends every routed expert to MacaMoeWNA16Config, which ignores
+    the releases' '-:.*mtp.*' rule: the MTP experts get int4 (vLLM-metax PR #294's C500 run, accepted=0).
+    quant.mtp_layer_config lands on its class -- at bootstrap when vLLM-metax's plugin ran first, else at
+    model init -- and builds them unquantized; the target's stay int4."""
+    main = run_branch(branch, metax_first, line_dirs, mxsml_dir, tmp_path_factory)["main"]
+    out = main["mtp_quant"]
+    # the kernel-call adapter: vLLM's MoeWNA16Method of 0.22-0.26 and vLLM-metax's own call fused_experts
+    # themselves (no kernel object); their inplace reading is moe.disable_inplace_default's
+    kernel = main["entries"]["moe.wna16_kernel_call"]
+    assert kernel[0] == "skipped" and "not applicable" in kernel[1], kernel
+    assert out["config"].startswith("vllm_metax.") and out["config"].endswith("MacaAutoGPTQConfig"), out
+    assert out["at_bootstrap"] is metax_first and out["at_model_init"], out
+    assert out["on"] == {"mtp_moe": "UnquantizedFusedMoEMethod", "target_moe": "MoeWNA16Method"}, out
+    assert out["off"] == {"mtp_moe": "MoeWNA16Method", "target_moe": "MoeWNA16Method"}, out  # the bug
 
 
 @pytest.mark.parametrize("branch", BRANCHES)

