@@ -68,7 +68,9 @@ def _engine_config(mode: str, k: int, graphs: str):
 
 
 def run(root: str | os.PathLike, out: str | os.PathLike, graphs: str = "full_and_piecewise", parallel: int = 4,
-        timeout: float = 900, max_tokens: int = 0) -> list[dict]:
+        timeout: float = 900, max_tokens: int = 0, cells: tuple = CELLS) -> list[dict]:
+    """The ``cells`` (checkpoint under ``root``, mode, k, plugin on; the first ``("bf16", "mtp", k, True)`` is the
+    acceptance baseline of the later MTP cells); see the module's note. testing/ct_cells.py runs its own."""
     import torch
 
     from vllm_platform_ext.testing import acceptance
@@ -82,21 +84,25 @@ def run(root: str | os.PathLike, out: str | os.PathLike, graphs: str = "full_and
     (out / "logs").mkdir(parents=True, exist_ok=True)
     prompts = default_prompts()
     gpu = torch.cuda.is_available()
+    base_env: dict = {}
     groups: dict = {}
-    for ckpt, mode, k, plugin in CELLS:
+    for ckpt, mode, k, plugin in cells:
         groups.setdefault((ckpt, plugin), []).append((mode, k))
     if gpu:
         settings = settings_for("core", parallel * 2)
     else:
         settings = EngineSettings(max_tokens=32, max_num_batched_tokens=32, max_num_seqs=8)
         graphs = "eager"
+        from vllm_platform_ext.testing.wna16_fallback import W4A8_ENV
+
+        base_env = {W4A8_ENV: "0"}  # judge vLLM's W4A16 GEMM (AMX hosts default to W4A8: int8 activations)
     if max_tokens:
         settings = replace(settings, max_tokens=max_tokens)
 
     def engine(key):
         ckpt, plugin = key
         configs = [_engine_config(m, k, graphs) for m, k in groups[key]]
-        env = {} if plugin else {"VLLM_PLUGINS": ""}
+        env = {**base_env, **({} if plugin else {"VLLM_PLUGINS": ""})}
         log = str(out / "logs" / f"{ckpt}-{'on' if plugin else 'off'}.log")
         try:
             return key, run_in_subprocess(str(root / ckpt), prompts, configs, settings, env=env, timeout=timeout,
@@ -115,7 +121,7 @@ def run(root: str | os.PathLike, out: str | os.PathLike, graphs: str = "full_and
         return refs[ckpt]
 
     rows, bf16_len = [], None
-    for ckpt, mode, k, plugin in CELLS:
+    for ckpt, mode, k, plugin in cells:
         runs, err = done[(ckpt, plugin)]
         run_ = next((r for r in runs if (r.mode, r.k) == (mode, k)), None)
         row = {"checkpoint": ckpt, "mode": mode, "k": k, "plugin": plugin, "graphs": graphs,
