@@ -40,6 +40,7 @@ installed=0; [ "$(cat "$STAMP" 2>/dev/null)" = "$want" ] && installed=1
 need_mb=0
 [ "$installed" = 1 ] || need_mb=$((need_mb + 3600))
 [ -f .qdeps/.installed ] || need_mb=$((need_mb + 300))
+[ -f .qdeps-llmc/.installed ] || need_mb=$((need_mb + 10))
 if [ "${1:-install}" = test ]; then  # the old-vLLM venv's stamp: ci/old_vllm_venv.sh
   [ -f "${OLD_VLLM_VENV:-.venv-old}/.old-vllm-installed" ] || need_mb=$((need_mb + 9500))
   [ -d .cache/vllm-wheels ] || need_mb=$((need_mb + 1900))
@@ -63,6 +64,19 @@ if [ "$(cat .qdeps/.installed 2>/dev/null)" != "$QDEPS_PKGS" ]; then
   rm -rf .qdeps
   "$PY" -m pip install -q --progress-bar off --no-deps --target .qdeps $QDEPS_PKGS
   echo "$QDEPS_PKGS" > .qdeps/.installed
+fi
+
+# The quantizer the compressed-tensors kit is made with (vllm_platform_ext/testing/ct_kit.py, tests/testing/test_ct_kit.py):
+# llm-compressor's model_free_ptq and the compressed-tensors it pins, in .qdeps-llmc (--target, --no-deps: its pins,
+# transformers<=5.17, compressed-tensors==0.19.0 and auto-round<=0.15.1, would move the venv's transformers 5.19 and
+# vLLM's compressed-tensors 0.17.0). It imports accelerate and datasets, which .qdeps has. Pure Python, 7.6 MB, ~2 s.
+# Only the kit builder's subprocesses put it on their path (first, before the venv's compressed-tensors).
+LLMC_PKGS="llmcompressor==0.14.0.1 compressed-tensors==0.19.0"
+if [ "$(cat .qdeps-llmc/.installed 2>/dev/null)" != "$LLMC_PKGS" ]; then
+  echo "== installing llm-compressor into .qdeps-llmc"
+  rm -rf .qdeps-llmc
+  "$PY" -m pip install -q --progress-bar off --no-deps --target .qdeps-llmc $LLMC_PKGS
+  echo "$LLMC_PKGS" > .qdeps-llmc/.installed
 fi
 
 export VLLM_CPU_KVCACHE_SPACE="${VLLM_CPU_KVCACHE_SPACE:-1}"

