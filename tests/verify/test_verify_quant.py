@@ -1,0 +1,74 @@
+"""``verify --quant FORMAT`` wiring (verify/quant.py): argument parsing, the error paths, the dispatch to the
+kit's cells. The cells themselves (the GPTQ kit in the real CPU engine, judged on the dequantized weights, MTP
+acceptance against the bf16 kit's) are tests/testing/test_gptq_kit.py's; a whole ``verify --quant gptq`` run
+takes minutes here, so CI does not repeat it."""
+from __future__ import annotations
+
+import pytest
+
+from vllm_platform_ext.testing import gptq_cells
+from vllm_platform_ext.verify import quant, runner
+
+
+def test_unknown_format_names_the_known_ones(capsys):
+    assert runner.main(["--quant", "awq"]) == 2
+    err = capsys.readouterr().err
+    assert "--quant 'awq': unknown format" in err and "known: gptq" in err
+
+
+def test_absent_quantizer_names_what_to_install(monkeypatch, tmp_path, capsys):
+    monkeypatch.setenv("VPE_QDEPS", str(tmp_path))  # an empty folder
+    monkeypatch.setattr(quant.importlib.util, "find_spec", lambda name: None)
+    assert runner.main(["--quant", "gptq"]) == 2
+    err = capsys.readouterr().err
+    assert "auto-round==0.16.1 is not installed" in err and str(tmp_path) in err
+    assert "bash ci/setup.sh install" in err and ".qdeps" in err
+
+
+def test_quantizer_found_in_the_qdeps_folder(monkeypatch, tmp_path):
+    (tmp_path / "auto_round").mkdir()
+    monkeypatch.setenv("VPE_QDEPS", str(tmp_path))
+    assert quant.quantizer_path("gptq") == [str(tmp_path)]
+    monkeypatch.setenv("VPE_QDEPS", str(tmp_path / "none"))
+    monkeypatch.setattr(quant.importlib.util, "find_spec", lambda name: object())  # importable already
+    assert quant.quantizer_path("gptq") == []
+
+
+@pytest.mark.parametrize("extra", [["--kinds", "qwen3_next"], ["--model-dir=."], ["--modes", "base"], ["--full"],
+                                   ["--tp", "2"], ["--disable", "gdn.cpu_spec_decode"], ["--cpu-path", "no-avx512bf16"]])
+def test_options_that_pick_other_cells_are_refused(extra, capsys):
+    with pytest.raises(SystemExit) as exc:
+        runner.parse_args(["--quant", "gptq", *extra])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert "argument --quant" in err and extra[0].split("=")[0] in err
+
+
+@pytest.mark.parametrize("ok", [True, False])
+def test_dispatch_runs_the_cells_and_sets_the_exit_code(monkeypatch, tmp_path, ok, capsys):
+    calls = []
+    monkeypatch.setattr(quant, "quantizer_path", lambda fmt: [])
+    monkeypatch.setattr(quant, "run", lambda fmt, work, max_tokens, graphs=None: calls.append(
+        (fmt, work, max_tokens, graphs)) or (ok, [{"status": "pass" if ok else "fail"}]))
+    assert runner.main(["--quant", "gptq", "--work-dir", str(tmp_path)]) == (0 if ok else 1)
+    assert runner.main(["--quant", "gptq", "--work-dir", str(tmp_path), "--max-tokens", "16", "--graphs", "eager"]) == (
+        0 if ok else 1)
+    # the cells' own token count unless --max-tokens is given (0: gptq_cells' default)
+    assert calls == [("gptq", tmp_path, 0, None), ("gptq", tmp_path, 16, "eager")]
+    assert ("verify: PASS" if ok else "verify: FAIL") in capsys.readouterr().out
+
+
+def test_build_puts_the_quantizer_on_the_subprocess_path(monkeypatch, tmp_path):
+    import types
+
+    from vllm_platform_ext.testing import tiny_models
+
+    seen = []
+    monkeypatch.setattr(tiny_models, "make_tiny_model", lambda kind, out, **kw: out)
+    monkeypatch.setattr(gptq_cells.subprocess, "run", lambda cmd, **kw: seen.append((cmd, kw["env"]))
+                        or types.SimpleNamespace(returncode=0, stdout="", stderr=""))
+    monkeypatch.setenv("PYTHONPATH", "/repo")
+    gptq_cells.build(tmp_path, pythonpath=["/q/.qdeps"])
+    assert len(seen) == len(gptq_cells.VARIANTS) and all(c[3:5] == ["gptq_kit", "build"] or "build" in c for c, _ in seen)
+    assert all(env["PYTHONPATH"].split(":") == ["/repo", "/q/.qdeps"] and env["HF_HUB_OFFLINE"] == "1"
+               for _, env in seen)
