@@ -49,13 +49,31 @@ def test_dispatch_runs_the_cells_and_sets_the_exit_code(monkeypatch, tmp_path, o
     calls = []
     monkeypatch.setattr(quant, "quantizer_path", lambda fmt: [])
     monkeypatch.setattr(quant, "run", lambda fmt, work, max_tokens, graphs=None: calls.append(
-        (fmt, work, max_tokens, graphs)) or (ok, [{"status": "pass" if ok else "fail"}]))
+        (fmt, work, max_tokens, graphs)) or (ok, [{"status": "pass" if ok else "fail", "plugin": True, "checkpoint": "c",
+                                                   "mode": "mtp", "k": 3},
+                                                  {"status": "error", "plugin": False, "checkpoint": "c", "mode": "mtp",
+                                                   "k": 3}]))
     assert runner.main(["--quant", "gptq", "--work-dir", str(tmp_path)]) == (0 if ok else 1)
     assert runner.main(["--quant", "gptq", "--work-dir", str(tmp_path), "--max-tokens", "16", "--graphs", "eager"]) == (
         0 if ok else 1)
     # the cells' own token count unless --max-tokens is given (0: gptq_cells' default)
     assert calls == [("gptq", tmp_path, 0, None), ("gptq", tmp_path, 16, "eager")]
-    assert ("verify: PASS" if ok else "verify: FAIL") in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert ("verify: PASS" if ok else "verify: FAIL") in out
+    assert "plugin-off cells (vLLM alone; shown, not judged): c mtp k=3: error" in out
+
+
+@pytest.mark.parametrize("on,off,ok", [("pass", "error", True), ("fail", "pass", False), ("error", "pass", False)])
+def test_the_verdict_is_the_plugin_on_cells(monkeypatch, tmp_path, on, off, ok):
+    seen = {}
+    monkeypatch.setattr(quant, "quantizer_path", lambda fmt: ["/q"])
+    monkeypatch.setattr(gptq_cells, "build", lambda root, pythonpath=(): seen.update(build=(root, pythonpath)))
+    monkeypatch.setattr(gptq_cells, "run", lambda root, out, **kw: seen.update(run=kw) or [
+        {"status": on, "plugin": True}, {"status": off, "plugin": False}])
+    assert quant.run("gptq", tmp_path, 0) == (ok, [{"status": on, "plugin": True}, {"status": off, "plugin": False}])
+    assert seen["build"] == (tmp_path / "kit-gptq", ["/q"])
+    assert seen["run"]["env"] == {"VLLM_CPU_INT4_W4A8": "0", "VPE_WNA16_FALLBACK": "1"}  # the W4A16 path
+    assert seen["run"]["parallel"] == 1 and seen["run"]["max_tokens"] == 0  # CPU: one engine at a time
 
 
 def test_build_puts_the_quantizer_on_the_subprocess_path(monkeypatch, tmp_path):

