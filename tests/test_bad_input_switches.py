@@ -48,6 +48,7 @@ BAD = [
     ({D: "nosuch"}, [D, "unknown patch group 'nosuch'", "valid names:"]),
     ({S: "maybe"}, [f"{S}='maybe' is not a boolean", "1|0|true|false|yes|no|on|off"]),
     ({envs.GDN_VALIDATE: "2"}, [envs.GDN_VALIDATE, "not a boolean", "1|0|true|false"]),
+    ({envs.LOAD_CHECK: "raise"}, [envs.LOAD_CHECK, "'raise'", "error|warn|off"]),
     ({P: "metax"}, [f"{P}='metax' is not one of auto|maca|none"]),
     ({"VLLM_PLATFORM_EXT_DISABLED": "gdn.cpu_spec_decode"}, ["VLLM_PLATFORM_EXT_DISABLED is not a variable",
                                                              f"did you mean {D}"]),
@@ -70,7 +71,7 @@ def test_each_bad_switch_is_one_clear_problem(env, fragments):
 
 @pytest.mark.parametrize("env", [
     {}, {D: "gdn.cpu_spec_decode"}, {D: " gdn.cpu_spec_decode , turboquant_spec_verify ,"}, {D: ""},
-    {S: "1"}, {S: "off"}, {S: "TRUE"}, {S: ""}, {envs.GDN_VALIDATE: "0"},
+    {S: "1"}, {S: "off"}, {S: "TRUE"}, {S: ""}, {envs.GDN_VALIDATE: "0"}, {envs.LOAD_CHECK: "warn"}, {envs.LOAD_CHECK: " OFF "},
     {P: "auto"}, {P: "none"}, {P: " NONE "}, {envs.MXSML_LIB: "/opt/maca/lib/libmxsml.so"},
     {envs.FORCED_CPU_PATH: "no-avx512bf16"}, {envs.TQ_VERIFY_ROUTE: "kernel"},
     {envs.TQ_VERIFY_ROUTE: " UPSTREAM_ROWS "},
@@ -84,7 +85,7 @@ def test_user_switches_and_dev_switches_are_two_tables_both_known():
     the testing kit's sitecustomize set. Both are read, checked and made known to vLLM's env validation."""
     from vllm_platform_ext.patch.vllm_env import with_own_switches
 
-    assert list(envs.SWITCHES) == [P, envs.MXSML_LIB, S, D, envs.GDN_VALIDATE]
+    assert list(envs.SWITCHES) == [P, envs.MXSML_LIB, S, D, envs.GDN_VALIDATE, envs.LOAD_CHECK]
     assert list(envs.DEV_SWITCHES) == [envs.TQ_VERIFY_ROUTE, envs.TQ_ROUTE_CHECK, envs.FORCED_CPU_PATH]
     assert envs.KNOWN == {**envs.SWITCHES, **envs.DEV_SWITCHES}
     assert set(with_own_switches({})) == set(envs.KNOWN)

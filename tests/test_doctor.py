@@ -49,7 +49,7 @@ def test_every_patch_group_declares_why_upstream_and_retirement():
                            "mamba.cpu_align_copies", "turboquant_spec_verify", "turboquant.reserve_workspace",
                            "turboquant.v1_runner_cache_dtype",
                            "moe.disable_inplace_default", "maca.unquantized_moe_triton", "moe.wna16_kernel_call",
-                           "quant.mtp_layer_config"}
+                           "quant.mtp_layer_config", "load.uninitialised_params"}
     for g in ledger.values():
         assert len(g["why"]) > 40 and len(g["upstream"]) > 20 and len(g["retire"]) > 20, g
     reported = {e["name"] for e in info["bootstrap"]["entries"] if e["step"] == "patch"}
@@ -83,3 +83,65 @@ def test_doctor_shows_the_vllm_cpu_path(cpu_path_env):
     assert fields["ssm_cache_dtype"].startswith("float32" if bf16 else "model dtype")
     assert fields["conv_non_spec"] == ("C++ (VDPBF16PS)" if bf16 else "torch")
     assert fields["conv_state_layout"].startswith("SD")
+
+
+# ---- doctor MODEL_PATH: the bad inputs and the exit codes (the diagnosis itself: tests/testing/test_gptq_kit.py,
+# against the real engine's verdict on the same checkpoints) ----
+
+def _checkpoint_doctor(argv):
+    from vllm_platform_ext import cli
+
+    return cli.main(["doctor", *argv])
+
+
+@pytest.mark.parametrize("make,fragment", [
+    (lambda d: d / "absent", "no such file or directory"),
+    (lambda d: (d / "f.txt").write_text("x") and d / "f.txt", "not a directory"),
+    (lambda d: d, "no config.json"),
+    (lambda d: (d / "config.json").write_text("{bad") and d, "not valid JSON"),
+    (lambda d: (d / "config.json").write_text("{}") and d, "no *.safetensors"),
+    (lambda d: (d / "config.json").write_text("{}") and (d / "m.safetensors").write_bytes(b"\x05\x00") and d,
+     "not a safetensors file"),
+], ids=["absent", "file", "no-config", "bad-json", "no-safetensors", "bad-header"])
+def test_doctor_model_path_bad_input_is_one_clear_error(tmp_path, capsys, make, fragment):
+    path = make(tmp_path)
+    assert _checkpoint_doctor([str(path), "--strict"]) == 2
+    err = capsys.readouterr().err
+    assert fragment in err and str(path) in err, err
+
+
+def test_doctor_model_path_exit_codes(monkeypatch, capsys):
+    from vllm_platform_ext.verify import checkpoint_doctor
+
+    found = {"checkpoint": "/ck", "vllm": "x", "quant_method": "gptq", "vllm_quantization": "gptq",
+             "quant_config_class": "C", "mtp_layers": 1, "mtp_tensor_dtypes": {"BF16": 1}, "mtp_rules": [],
+             "warnings": ["MTP layer: mtp.layers.0.mlp.down_proj built with ..."]}
+    monkeypatch.setattr(checkpoint_doctor, "diagnose", lambda path: dict(found, checkpoint=path))
+    assert _checkpoint_doctor(["/ck"]) == 0  # a warning, reported
+    assert "WARNING: MTP layer: mtp.layers.0.mlp.down_proj" in capsys.readouterr().out
+    assert _checkpoint_doctor(["/ck", "--strict"]) == 1
+    monkeypatch.setattr(checkpoint_doctor, "diagnose", lambda path: dict(found, warnings=[]))
+    assert _checkpoint_doctor(["/ck", "--strict"]) == 0
+    assert _checkpoint_doctor(["--strict"]) == 2  # --strict is for a checkpoint
+    assert "MODEL_PATH" in capsys.readouterr().err
+
+
+def test_safetensors_header_is_read_without_the_weights(tmp_path):
+    import torch
+    from safetensors.torch import save_file
+
+    from vllm_platform_ext.verify import checkpoint_doctor
+
+    save_file({"mtp.fc.weight": torch.zeros(2, 4, dtype=torch.bfloat16),
+               "mtp.layers.0.mlp.down_proj.qweight": torch.zeros(1, 2, dtype=torch.int32)}, str(tmp_path / "a.safetensors"))
+    (tmp_path / "config.json").write_text(json.dumps({"text_config": {"mtp_num_hidden_layers": 2}}))
+    cfg, tensors = checkpoint_doctor.read_checkpoint(tmp_path)
+    assert tensors == {"mtp.fc.weight": ("BF16", (2, 4)), "mtp.layers.0.mlp.down_proj.qweight": ("I32", (1, 2))}
+    assert checkpoint_doctor.mtp_layer_count(cfg) == 2
+    assert checkpoint_doctor.tensor_kind([("a.qweight", "I32"), ("a.scales", "F16")]) == "packed"
+    assert checkpoint_doctor.tensor_kind([("a.weight", "F8_E4M3"), ("a.weight_scale", "F32")]) == "fp8"
+    assert checkpoint_doctor.tensor_kind([("a.weight", "BF16")]) == "float"
+    assert checkpoint_doctor.layer_tensors("m.qkv_proj", {"m.q_proj.weight": ("BF16", ()), "m.k_proj.weight": ("BF16", ()),
+                                                          "m.o_proj.weight": ("BF16", ())},
+                                           {"qkv_proj": ["q_proj", "k_proj", "v_proj"]}) == [
+        ("m.k_proj.weight", "BF16"), ("m.q_proj.weight", "BF16")]

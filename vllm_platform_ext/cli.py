@@ -254,6 +254,13 @@ def _print_compat(info: dict, section) -> None:
 
 
 def cmd_doctor(args) -> int:
+    if args.model_path is not None:
+        from vllm_platform_ext.verify import checkpoint_doctor
+
+        return checkpoint_doctor.main(args.model_path, strict=args.strict, as_json=args.json)
+    if args.strict:
+        print("vllm-platform-ext doctor: --strict applies to a checkpoint (doctor MODEL_PATH --strict)", file=sys.stderr)
+        return 2
     info = collect()
     if args.json:
         print(json.dumps(info, indent=2, default=str))
@@ -279,7 +286,12 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="vllm-platform-ext", description=__doc__)
     sub = p.add_subparsers(dest="cmd", required=True)
     d = sub.add_parser("doctor", help="platform, versions, what was applied/skipped/failed, op table")
+    d.add_argument("model_path", nargs="?", metavar="MODEL_PATH",
+                   help="a local checkpoint: how this vLLM builds its target and MTP layer (quant methods) against its "
+                        "tensors' dtypes; no weights loaded, no engine")
     d.add_argument("--json", action="store_true")
+    d.add_argument("--strict", action="store_true",
+                   help="with MODEL_PATH: exit 1 when a layer would be built with a config its tensors do not match")
     d.set_defaults(fn=cmd_doctor)
     # verify and bench own their options (their --help lists them): everything after the
     # sub-command name is passed through unparsed.

@@ -33,6 +33,8 @@ FORCED_CPU_PATH = "VLLM_PLATFORM_EXT_FORCED_CPU_PATH"
 TQ_VERIFY_ROUTE = "VLLM_PLATFORM_EXT_TQ_VERIFY_ROUTE"
 TQ_VERIFY_ROUTES = ("kernel", "upstream_rows")
 TQ_ROUTE_CHECK = "VLLM_PLATFORM_EXT_TQ_ROUTE_CHECK"
+LOAD_CHECK = "VLLM_PLATFORM_EXT_LOAD_CHECK"
+LOAD_CHECK_MODES = ("error", "warn", "off")
 
 PLATFORM_CHOICES = ("auto", "maca", "none")
 TRUE = ("1", "true", "yes", "on")
@@ -48,6 +50,8 @@ SWITCHES: dict[str, tuple[str, str]] = {
                            "being reported"),
     DISABLE: ("comma list of patch-group names", "skip these patch groups"),
     GDN_VALIDATE: (BOOL_CHOICES, "the GDN ops' host-side metadata checks (default on)"),
+    LOAD_CHECK: ("error|warn|off", "a parameter no checkpoint tensor reached refuses the load (error, the default), "
+                                   "is logged (warn), or is not looked for (off): patch/load_check.py"),
 }
 # the same for the switches that the benchmarks and the testing kit set, not users; read and checked as the others
 DEV_SWITCHES: dict[str, tuple[str, str]] = {
@@ -161,6 +165,9 @@ def problems(env: Mapping[str, str] | None, groups: Sequence[str], check_runtime
             out.append(f"{name}={raw!r} is not a boolean; valid values: {BOOL_CHOICES}")
     if env.get(DISABLE, "").strip():
         out += disable_problems(env[DISABLE], groups)
+    mode = env.get(LOAD_CHECK)
+    if mode is not None and mode.strip() and mode.strip().lower() not in LOAD_CHECK_MODES:
+        out.append(f"{LOAD_CHECK}={mode!r} is not one of {'|'.join(LOAD_CHECK_MODES)}")
     route = env.get(TQ_VERIFY_ROUTE)
     if route is not None and route.strip() and route.strip().lower() not in TQ_VERIFY_ROUTES:
         out.append(f"{TQ_VERIFY_ROUTE}={route!r} is not one of {'|'.join(TQ_VERIFY_ROUTES)}")
@@ -175,6 +182,12 @@ def tq_verify_route(env: Mapping[str, str] | None = None) -> str:
     """``kernel`` (unset, empty or bad: :func:`problems` reports a bad value) or ``upstream_rows``."""
     raw = (os.environ if env is None else env).get(TQ_VERIFY_ROUTE, "").strip().lower()
     return raw if raw in TQ_VERIFY_ROUTES else "kernel"
+
+
+def load_check_mode(env: Mapping[str, str] | None = None) -> str:
+    """``error`` (unset, empty or bad: :func:`problems` reports a bad value), ``warn`` or ``off``."""
+    raw = (os.environ if env is None else env).get(LOAD_CHECK, "").strip().lower()
+    return raw if raw in LOAD_CHECK_MODES else "error"
 
 
 def variable_of(problem: str) -> str:

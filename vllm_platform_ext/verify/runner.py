@@ -398,7 +398,16 @@ def build_parser() -> argparse.ArgumentParser:
                     help="tensor_parallel_size: worker processes per engine (the CPU engine binds each to its "
                          "share of this process's CPUs); each rank's bootstrap and shapes are reported")
     ap.add_argument("--json", help="also write the rows to this JSON file (with each failing row's whole reason)")
+    ap.add_argument("--quant", metavar="FORMAT",
+                    help="run the quantized kit of FORMAT instead (gptq: AutoRound's GPTQ export of the recall kit, MTP "
+                         "layer bf16 and quantized; base, MTP k=3, ngram k=3, plugin on and off; audited on the "
+                         "dequantized weights, MTP acceptance >= 85%% of the bf16 kit's): verify/quant.py")
     return ap
+
+
+# --quant runs its own cells: options that choose other cells are refused with it
+QUANT_EXCLUSIVE = ("--kinds", "--model-dir", "--modes", "--full", "--kv", "--tp", "--disable", "--json", "--kit", "--seed",
+                   "--cpu-path", "--ssm-cache-dtype", "--alpha", "--max-num-batched-tokens", "--max-num-seqs", "--dims")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -410,6 +419,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
             setattr(args, name, {"kinds": kind_items, "modes": mode_items}[name](getattr(args, name)))
     if args.full:
         args.modes = mode_items(FULL_MODES)
+    if args.quant is not None:
+        raw = sys.argv[1:] if argv is None else argv
+        given = [o for o in QUANT_EXCLUSIVE if any(a == o or a.startswith(o + "=") for a in raw)]
+        if given:
+            ap.error(f"argument --quant: runs the {args.quant} kit's own cells; not with {', '.join(given)}")
     if args.cpu_path != "native":
         try:
             env_for(args.cpu_path)
@@ -420,6 +434,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.quant is not None:
+        from vllm_platform_ext.verify import quant
+
+        given_tokens = any(a.split("=")[0] == "--max-tokens" for a in argv or sys.argv[1:])
+        return quant.main(args.quant, args.work_dir, args.max_tokens if given_tokens else 0, graphs=args.graphs)
     defaults = GPU_DEFAULTS if accelerator() == "cuda" else CPU_DEFAULTS
     graphs, dims = args.graphs or defaults["graphs"], args.dims or defaults["dims"]
     kv = args.kv or kv_dtypes(defaults["kv"])
