@@ -29,7 +29,6 @@ import shutil
 from pathlib import Path
 
 TEXT_ARCH = "Qwen3_5MoeForCausalLM"
-EXPERT_PROJ = ("gate_proj", "up_proj", "down_proj")
 
 
 class GptqMoeError(RuntimeError):
