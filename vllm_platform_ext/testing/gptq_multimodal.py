@@ -16,6 +16,9 @@ the checkpoint is then written in the multimodal layout, as releases of Qwen3.5 
   stay as AutoRound writes them (``.*model\\.layers\\.0\\.mlp\\.down_proj.*``): GPTQ matches them against vLLM's
   module names (``language_model.model.layers.0.mlp.down_proj``), which they match with either layout.
 
+The same path serves the MoE kit (``qwen3_5_moe``, testing/gptq_moe.py): its experts are unfused by AutoRound
+and written per expert, under the same prefixes.
+
 The kit has no vision tower (neither has the bf16 kit): the engine runs it with ``language_model_only=True``
 (testing/engine.py), which builds no tower. tests/testing/test_gptq_multimodal.py proves the result against
 the lines' own code (registry, speculative config, GPTQ config, weight names after vLLM's mapping).
@@ -29,11 +32,17 @@ from pathlib import Path
 MM_PREFIX = "model.language_model."
 TEXT_PREFIX = "model."
 TEXT_ARCH = {"qwen3_5_text": "Qwen3_5ForCausalLM", "qwen3_5_moe_text": "Qwen3_5MoeForCausalLM"}
-TEXT_KIND = {"qwen3_5": "qwen3_5_text"}  # the multimodal kit kinds whose text form AutoRound quantizes
+# the multimodal kit kinds whose text form AutoRound quantizes (qwen3_5_moe: testing/gptq_moe.py, its experts)
+TEXT_KIND = {"qwen3_5": "qwen3_5_text", "qwen3_5_moe": "qwen3_5_moe_text"}
 
 
 class MultimodalFormError(RuntimeError):
     pass
+
+
+def is_multimodal(ckpt_dir) -> bool:
+    """Whether the checkpoint folder ``ckpt_dir`` has the multimodal layout (a ``text_config``)."""
+    return "text_config" in json.loads((Path(ckpt_dir) / "config.json").read_text())
 
 
 def _to_text_name(name: str) -> str:
