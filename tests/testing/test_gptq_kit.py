@@ -375,13 +375,18 @@ def test_autoround_export_without_the_rule_does_not_load_without_the_group(engin
 @pytest.fixture(scope="module")
 def doctor(kits) -> dict:
     """``vllm-platform-ext doctor``'s diagnosis of the bf16 kit and the three GPTQ exports, in one process (vLLM
-    builds each on the meta device; no weights, no engine)."""
+    builds each on the meta device; no weights, no engine): with the plugin (``"on"``) and with its
+    quant.mtp_layer_config off (``"off"``: vLLM's own build of the MTP layer)."""
     names = {"bf16": kits.bf16, "mtp_bf16": kits.mtp_bf16, "mtp_quantized": kits.mtp_q, "no_rule": kits.no_rule}
-    proc = subprocess.run([sys.executable, "-m", "vllm_platform_ext.verify.checkpoint_doctor", *map(str, names.values())],
-                          capture_output=True, text=True, timeout=600, env={**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"})
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
-    assert lines, f"rc {proc.returncode}:\n{proc.stderr[-3000:]}"
-    return dict(zip(names, json.loads(lines[-1][len("RESULT "):])))
+    out = {}
+    for mode, extra in (("on", {}), ("off", {"VLLM_PLATFORM_EXT_DISABLE": MTP_LAYER_GROUP})):
+        proc = subprocess.run([sys.executable, "-m", "vllm_platform_ext.verify.checkpoint_doctor",
+                               *map(str, names.values())], capture_output=True, text=True, timeout=600,
+                              env={**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", **extra})
+        lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
+        assert lines, f"{mode}: rc {proc.returncode}:\n{proc.stderr[-3000:]}"
+        out[mode] = dict(zip(names, json.loads(lines[-1][len("RESULT "):])))
+    return out
 
 
 MTP_LINEARS = ["mtp.layers.0.self_attn.qkv_proj", "mtp.layers.0.self_attn.o_proj", "mtp.layers.0.mlp.gate_up_proj",
@@ -390,30 +395,38 @@ MTP_LINEARS = ["mtp.layers.0.self_attn.qkv_proj", "mtp.layers.0.self_attn.o_proj
 
 @pytest.mark.engine
 def test_doctor_warns_exactly_where_the_engine_fails(doctor, engine):
-    """doctor MODEL_PATH against the real engine's verdict on the same checkpoints: the export without the rule
-    (the engine stops at load) is the one warning, naming the MTP layer's four linears built GPTQ for bf16 tensors;
-    the bf16 kit, the rule's export and the quantized-MTP export (all three load and pass above) are clean."""
-    for name in ("bf16", "mtp_bf16", "mtp_quantized", "no_rule"):
-        d = doctor[name]
-        assert d["mtp_layers"] == 1 and d["vllm"] == __import__("vllm").__version__, d
-        assert d["quant_method"] == (None if name == "bf16" else "gptq")
-        assert d["target"]["class"] == "Qwen3_5ForCausalLM" and d["mtp"]["class"] == "Qwen3_5MTP"
-    assert engine.no_rule.error and not engine.mtp_bf16.error and not engine.mtp_q.error and not engine.bf16.error
-    [warning] = doctor["no_rule"]["warnings"]
+    """doctor MODEL_PATH against the real engine's verdict on the same checkpoints. With quant.mtp_layer_config off
+    (vLLM's own build) the export without the rule (the engine stops at load) is the one warning, naming the MTP
+    layer's four linears built GPTQ for bf16 tensors; the bf16 kit, the rule's export and the quantized-MTP export
+    (all three load and pass above) are clean. With the plugin the rule-less export is built as its tensors are
+    (unquantized MTP linears), the engine loads it, and doctor is clean on all four."""
+    off, on = doctor["off"], doctor["on"]
+    for d in (off, on):
+        for name in ("bf16", "mtp_bf16", "mtp_quantized", "no_rule"):
+            assert d[name]["mtp_layers"] == 1 and d[name]["vllm"] == __import__("vllm").__version__, d[name]
+            assert d[name]["quant_method"] == (None if name == "bf16" else "gptq")
+            assert d[name]["target"]["class"] == "Qwen3_5ForCausalLM" and d[name]["mtp"]["class"] == "Qwen3_5MTP"
+    assert engine.no_rule_off.error and not engine.no_rule.error
+    assert not engine.mtp_bf16.error and not engine.mtp_q.error and not engine.bf16.error
+    [warning] = off["no_rule"]["warnings"]
     assert "MTP layer" in warning and all(p in warning for p in MTP_LINEARS) and "AutoGPTQLinearMethod" in warning
     assert "BF16" in warning and "-:.*mtp.*" in warning
-    assert doctor["no_rule"]["target"]["mismatches"] == []
+    assert off["no_rule"]["target"]["mismatches"] == []
     for name in ("bf16", "mtp_bf16", "mtp_quantized"):
-        assert doctor[name]["warnings"] == [], (name, doctor[name]["warnings"])
-    built = {name: {r["prefix"]: (r["method"], r["built"], r["tensors"]) for r in doctor[name]["mtp"]["layers"]}
-             for name in doctor}
+        assert off[name]["warnings"] == [], (name, off[name]["warnings"])
+    for name in ("bf16", "mtp_bf16", "mtp_quantized", "no_rule"):
+        assert on[name]["warnings"] == [], (name, on[name]["warnings"])
+    built = {mode: {name: {r["prefix"]: (r["method"], r["built"], r["tensors"]) for r in d[name]["mtp"]["layers"]}
+                    for name in d} for mode, d in doctor.items()}
     for p in MTP_LINEARS:
-        assert built["mtp_bf16"][p] == ("UnquantizedLinearMethod", "float", "float")  # qwen3_5_mtp's -: guard
-        assert built["no_rule"][p] == ("AutoGPTQLinearMethod", "packed", "float")
-        assert built["mtp_quantized"][p] == ("AutoGPTQLinearMethod", "packed", "packed")
-    assert built["mtp_quantized"]["mtp.fc"] == ("UnquantizedLinearMethod", "float", "float")
-    assert doctor["mtp_bf16"]["mtp_rules"] == [gptq_kit.MTP_EXCLUSION] and doctor["no_rule"]["mtp_rules"] == []
-    assert doctor["mtp_bf16"]["mtp_tensor_dtypes"] == {"BF16": 15}
+        assert built["off"]["mtp_bf16"][p] == ("UnquantizedLinearMethod", "float", "float")  # qwen3_5_mtp's -: guard
+        assert built["off"]["no_rule"][p] == ("AutoGPTQLinearMethod", "packed", "float")
+        assert built["on"]["no_rule"][p] == ("UnquantizedLinearMethod", "float", "float")  # the plugin's fix
+        for mode in ("on", "off"):
+            assert built[mode]["mtp_quantized"][p] == ("AutoGPTQLinearMethod", "packed", "packed")
+    assert built["off"]["mtp_quantized"]["mtp.fc"] == ("UnquantizedLinearMethod", "float", "float")
+    assert off["mtp_bf16"]["mtp_rules"] == [gptq_kit.MTP_EXCLUSION] and off["no_rule"]["mtp_rules"] == []
+    assert off["mtp_bf16"]["mtp_tensor_dtypes"] == {"BF16": 15}
 
 
 @pytest.mark.engine
