@@ -103,11 +103,15 @@ def _checkpoint_doctor(argv):
     (lambda d: (d / "config.json").write_text("{}") and (d / "m.safetensors").write_bytes(b"\x05\x00") and d,
      "not a safetensors file"),
 ], ids=["absent", "file", "no-config", "bad-json", "no-safetensors", "bad-header"])
-def test_doctor_model_path_bad_input_is_one_clear_error(tmp_path, capsys, make, fragment):
+def test_doctor_model_path_bad_input_is_one_clear_error(tmp_path, capsys, monkeypatch, make, fragment):
+    monkeypatch.delenv("VLLM_LOGGING_LEVEL", raising=False)
     path = make(tmp_path)
     assert _checkpoint_doctor([str(path), "--strict"]) == 2
     err = capsys.readouterr().err
     assert fragment in err and str(path) in err, err
+    # an in-process doctor leaves the logging level as it found it: the WARNING it sets for its own
+    # report once leaked into every later `vllm serve` of the worker (CI 2026-12-06, 4 serve tests)
+    assert "VLLM_LOGGING_LEVEL" not in os.environ
 
 
 def test_doctor_model_path_exit_codes(monkeypatch, capsys):

@@ -94,8 +94,10 @@ def start_server(model: str, args: list[str], log_path: str, env: dict | None = 
     port = free_port()
     cmd = [sys.executable, "-m", "vllm.entrypoints.cli.main", "serve", model, "--host", "127.0.0.1",
            "--port", str(port), "--served-model-name", "tiny", *args]
+    # the checks read the server's INFO log (block size, the forced CPU path): a level left in this
+    # process's environment (an in-process `doctor`, a user's shell) must not hide it
     full_env = {**os.environ, **ENGINE_ENV, "NO_PROXY": "127.0.0.1,localhost", "no_proxy": "127.0.0.1,localhost",
-                **(env or {})}
+                "VLLM_LOGGING_LEVEL": "INFO", **(env or {})}
     log = open(log_path, "w")
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=full_env)
     deadline = time.monotonic() + HEALTH_TIMEOUT_S

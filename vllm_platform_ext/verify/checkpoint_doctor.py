@@ -217,12 +217,18 @@ def format_report(d: dict) -> str:
 def main(path: str, strict: bool = False, as_json: bool = False) -> int:
     import sys
 
-    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # the report, not vLLM's start-up log
+    # the report, not vLLM's start-up log; the caller's environment is left as it was (an in-process
+    # call must not turn later engines' INFO logs off: CI 2026-12-06, the serve tests' log checks)
+    had = os.environ.get("VLLM_LOGGING_LEVEL")
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
     try:
         d = diagnose(path)
     except CheckpointError as exc:
         print(f"vllm-platform-ext doctor: {exc}", file=sys.stderr)
         return 2
+    finally:
+        if had is None:
+            os.environ.pop("VLLM_LOGGING_LEVEL", None)
     print(json.dumps(d, indent=2) if as_json else format_report(d))
     return 1 if strict and d["warnings"] else 0
 
