@@ -23,6 +23,7 @@ def summarize(setup: Setup, batch: int, context: int, res: dict) -> dict:
     if "error" in res:
         return row | {"error": res["error"]}
     run, steps = res["run"], res["steps"]
+    row |= {"scheduling": run.get("scheduling", "sync"), "async": run.get("async_scheduling")}
     med = lambda xs: statistics.median(xs) if xs else None  # noqa: E731
     row |= {"verify_ms": med(steps["verify"]) and 1e3 * med(steps["verify"]),
             "plain_ms": med(steps["plain"]) and 1e3 * med(steps["plain"]),
@@ -60,18 +61,46 @@ def with_derived_tok_s(row: dict) -> dict:
 
 def markdown(rows: list[dict], header: str) -> str:
     lines = [header, "", "| config | spec | KV | graphs | plugin | batch | context | verify step ms | plain step ms | "
-             "tok/s at 1/2/2.5/3/4 per step | measured tok/s | acceptance | KV tokens |", "|" + "---|" * 13]
+             "tok/s at 1/2/2.5/3/4 per step | measured tok/s | acceptance | KV tokens | async |", "|" + "---|" * 14]
     for r in rows:
         if "error" in r:
             lines.append(f"| {r['config']} | {r['spec']} | {r['kv']} | {r['graphs']} | {r['plugin']} | {r['batch']} | "
-                         f"{r['context']} | error: {r['error'][:160]} | | | | | |")
+                         f"{r['context']} | error: {r['error'][:160]} | | | | | | |")
             continue
         f = lambda v, p=2: "—" if v is None else f"{v:.{p}f}"  # noqa: E731
         d = r.get("derived_tok_s", {})
         lines.append(f"| {r['config']} | {r['spec']} | {r['kv']} | {r['graphs']} | {r['plugin']} | {r['batch']} | "
                      f"{r['context']} | "
                      f"{f(r['verify_ms'])} | {f(r['plain_ms'])} | {' / '.join(f(v, 0) for v in d.values()) or '—'} | "
-                     f"{f(r['measured_tok_s'], 0)} | {f(r['acceptance'])} | {r['kv_capacity_tokens'] or '—'} |")
+                     f"{f(r['measured_tok_s'], 0)} | {f(r['acceptance'])} | {r['kv_capacity_tokens'] or '—'} | "
+                     f"{_async_cell(r)} |")
+    return "\n".join(lines) + "\n"
+
+
+def _async_cell(r: dict) -> str:
+    """``on`` / ``off`` as vLLM resolved async scheduling for the row's engine, ``?`` where unread
+    (rows before 2026-12-06 ran with it off)."""
+    value = r.get("async")
+    return "?" if value is None else ("on" if value else "off")
+
+
+def scheduling_markdown(default: list[dict], sync: list[dict]) -> str:
+    """Each configuration, batch and context under the line's default scheduling beside async off:
+    verify (plain) step ms and measured tokens/s in each, and default / sync of the step."""
+    lines = ["| config | batch | context | async (default) | step ms, default | step ms, async off | "
+             "default / off | measured tok/s, default | measured tok/s, off |", "|" + "---|" * 9]
+    f = lambda v, p=2: "—" if v is None else f"{v:.{p}f}"  # noqa: E731
+    for d in default:
+        s = next((r for r in sync if (r["config"], r["batch"], r["context"]) == (d["config"], d["batch"], d["context"])),
+                 None)
+        if s is None or "error" in d or "error" in s:
+            why = d.get("error") or (s or {}).get("error") or "no async-off row"
+            lines.append(f"| {d['config']} | {d['batch']} | {d['context']} | {_async_cell(d)} | {why[:120]} | | | | |")
+            continue
+        step = lambda r: r.get("verify_ms") or r.get("plain_ms")  # noqa: E731
+        lines.append(f"| {d['config']} | {d['batch']} | {d['context']} | {_async_cell(d)} | {f(step(d))} | "
+                     f"{f(step(s))} | {f(_ratio(step(d), step(s)), 3)} | {f(d.get('measured_tok_s'), 0)} | "
+                     f"{f(s.get('measured_tok_s'), 0)} |")
     return "\n".join(lines) + "\n"
 
 
@@ -233,7 +262,7 @@ def merge_rounds(rows: list[dict]) -> list[dict]:
     plain ms, load). Errored rounds are left out; a configuration that only errored keeps its error."""
     keys, groups = [], {}
     for r in rows:
-        k = (r["config"], r["batch"], r["context"])
+        k = (r["config"], r["batch"], r["context"], r.get("scheduling"))
         if k not in groups:
             keys.append(k)
         groups.setdefault(k, []).append(r)

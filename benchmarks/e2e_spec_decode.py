@@ -22,8 +22,16 @@ one MTP layer), ``--layers`` cut to a multiple of 4 (40 is the full depth), dumm
 (``load_format=dummy``, no tokenizer). ``tiny`` -- the audited kit model (``--dims gpu``) with
 real acceptance.
 
-Timing: every engine step is timed on the host around ``EngineCore.step`` (async scheduling
-off, so one step is one forward and its sampling) and classed from its ``SchedulerOutput``:
+Scheduling: ``--scheduling default`` (the default) runs each engine as the line resolves async
+scheduling -- on for MTP from vLLM 0.23, what users run; ``sync`` turns it off; ``both`` runs every
+configuration in each mode and writes the two side by side (``e2e-scheduling.md``; each mode's
+report in its own folder). Every row records the mode asked and async scheduling as vLLM resolved
+it (the CPU platform always turns it off). Figures before 2026-12-06 were all measured ``sync``.
+
+Timing: with async scheduling off every engine step is timed on the host around ``EngineCore.step``
+(one step is one forward and its sampling); with it on, a step is the period between two batches'
+results (``step_with_batch_queue`` overlaps the next batch's scheduling with this one's run). Each
+step is classed from the ``SchedulerOutput`` whose results it applied:
 *verify* (every request runs 1 + its drafts, some drafts), *plain* (every request one token) or
 *mixed* (prefill in it; not reported). Medians per class. Dummy weights accept next to nothing,
 so tokens/s is derived for stated mean tokens per verify step (1.0, 2.0, 2.5, 3.0, 4.0 for k=3):
@@ -57,10 +65,11 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
-from bench_common import header_markdown, run_header  # noqa: E402
+from bench_common import header_markdown, run_header, write_result  # noqa: E402
 # the tables and goals, and what runs in the engine process: also read as E.<name> (e2e_paired.py, the tests)
 from e2e_report import (  # noqa: E402,F401
-    TOKENS_PER_VERIFY_STEP, goals, goals_markdown, main_cpu, merge_rounds, report, rounds_markdown, summarize)
+    TOKENS_PER_VERIFY_STEP, goals, goals_markdown, main_cpu, merge_rounds, report, rounds_markdown,
+    scheduling_markdown, summarize)
 from e2e_setups import Setup, setups  # noqa: E402 (the configurations; also read as E.Setup, E.setups)
 from e2e_worker import (  # noqa: E402,F401
     StepLog, _prompts, _step_class, engine_setup, gpu_local_cpus, install_step_timer, worker)
@@ -101,7 +110,7 @@ def engine_job(model: Path, setup: Setup, pairs: list[tuple[int, int]], a) -> di
             "max_tokens": a.max_tokens, "max_num_batched_tokens": a.max_num_batched_tokens,
             "gpu_memory_utilization": a.gpu_memory_utilization, "dummy": a.model != "tiny",
             "kv_cache_memory_bytes": a.kv_cache_memory_bytes,
-            "vocab": 256 if a.model == "tiny" else 248320}
+            "vocab": 256 if a.model == "tiny" else 248320, "scheduling": getattr(a, "mode", "sync")}
 
 
 def engine_env(setup: Setup) -> dict:
@@ -193,6 +202,9 @@ def main(argv=None) -> int:
     ap.add_argument("--profile", action="store_true",
                     help="also write a torch.profiler trace + op table of one verify (or plain) step per run "
                          "(the profiler stays initialised afterwards: take timings from a run without it)")
+    ap.add_argument("--scheduling", choices=("default", "sync", "both"), default="default",
+                    help="default: async scheduling as the line resolves it (users' mode); sync: off; both: each "
+                         "configuration in each mode, side by side")
     ap.add_argument("--out", default="results/gpu/new-e2e")
     ap.add_argument("--timeout", type=float, default=3600,
                     help="seconds per engine; past it its process group is killed and the row is an error")
@@ -213,7 +225,8 @@ def main(argv=None) -> int:
     kv_only = set(a.kv_presets.split(",")) if a.kv_presets else None
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    rows = []
+    modes = ("default", "sync") if a.scheduling == "both" else (a.scheduling,)
+    by_mode = {}
     with tempfile.TemporaryDirectory(prefix="vpe-e2e-") as tmp:
         model = write_model(a.model, a.layers, Path(tmp) / a.model)
         pairs = [(b, c) for b in map(int, a.batches.split(",")) for c in map(int, a.contexts.split(","))]
@@ -221,13 +234,25 @@ def main(argv=None) -> int:
         # --profile one per pair, since each profiles its own first step
         groups = [[p] for p in pairs] if a.profile else [pairs]
         order = setups(a.configs.split(","), a.graphs)
-        for rnd in range(1, a.rounds + 1):  # every other round in reverse order: C,B then B,C
-            rows += run_round(model, order if rnd % 2 else order[::-1], groups, kv_only, a, out, rnd)
+        for mode in modes:
+            a.mode, rows = mode, []
+            for rnd in range(1, a.rounds + 1):  # every other round in reverse order: C,B then B,C
+                rows += run_round(model, order if rnd % 2 else order[::-1], groups, kv_only, a, out, rnd)
+            by_mode[mode] = rows
     title = f"End-to-end speculative decoding, model {a.model}" + (
         f" ({a.layers} layers, dummy weights)" if a.model != "tiny" else "") + (f", TP={a.tp}" if a.tp > 1 else "")
-    head = run_header(device=next((r["device"] for r in rows if r.get("device")), None) or "?")
-    body = report(rows, out, title, head)
-    print(f"# {title}\n\n{header_markdown(head)}\n\n{body}")
+    every = [r for rows in by_mode.values() for r in rows]
+    head = run_header(device=next((r["device"] for r in every if r.get("device")), None) or "?")
+    for mode, rows in by_mode.items():
+        where = out / mode if len(by_mode) > 1 else out
+        where.mkdir(parents=True, exist_ok=True)
+        body = report(rows, where, f"{title}, scheduling {mode}", head)
+        print(f"# {title}, scheduling {mode}\n\n{header_markdown(head)}\n\n{body}")
+    if len(by_mode) > 1:
+        body = scheduling_markdown(merge_rounds(by_mode["default"]), merge_rounds(by_mode["sync"]))
+        write_result(out / "e2e-scheduling.md", f"{title}: the line's default scheduling against async off", head,
+                     body, {"default": by_mode["default"], "sync": by_mode["sync"]})
+        print(body)
     return 0
 
 

@@ -22,11 +22,14 @@ class StepLog:
     profile_to: str | None = None  # path prefix of the trace (.trace.json) and the op table (.ops.txt)
     profiled: str | None = None  # the trace written
     cpus: dict = field(default_factory=dict)  # CPU -> timed steps that ended on it (the step's thread)
+    last_result_t: float | None = None  # async scheduling: when the last batch's results were applied
 
     def take(self) -> dict:
-        """The steps logged so far (as a dict), the log emptied for the next timed run."""
+        """The steps logged so far (as a dict), the log emptied for the next timed run (whose first
+        async period starts at its own first result, not at this run's last)."""
         steps = asdict(self)
-        self.verify, self.plain, self.mixed, self.cpus = [], [], 0, {}
+        steps.pop("last_result_t")
+        self.verify, self.plain, self.mixed, self.cpus, self.last_result_t = [], [], 0, {}, None
         return steps
 
 
@@ -92,20 +95,36 @@ def _write_profile(prof, prefix: str) -> str:
 
 
 def install_step_timer(log: StepLog, profile_after: int = 3) -> None:
-    """Time ``EngineCore.step`` and class each step by the scheduler output it ran. With
-    ``log.profile`` set, steps after the first ``profile_after`` of that class run under
-    torch.profiler until one of that class is caught (its trace and op table are written; those
-    steps are left out of the timings)."""
+    """Time the engine's steps and class each by the scheduler output whose results it applied
+    (``Scheduler.update_from_output``'s).
+
+    * Async scheduling off (``EngineCore.step``): one step is one forward and its sampling, timed
+      around the call. With ``log.profile`` set, steps after the first ``profile_after`` of that
+      class run under torch.profiler until one of that class is caught (its trace and op table are
+      written; those steps are left out of the timings).
+    * Async scheduling on (``EngineCore.step_with_batch_queue``, vLLM's default for MTP from 0.23):
+      the next batch is scheduled and launched while the last one runs, so a step's time is the
+      period between two batches' results (one ``update_from_output`` to the next): what a user's
+      tokens/s sees. Not profiled (one call does not hold one batch)."""
     from vllm.v1.core.sched.scheduler import Scheduler
     from vllm.v1.engine.core import EngineCore
 
     last = {}
-    schedule, step = Scheduler.schedule, EngineCore.step
+    update, step = Scheduler.update_from_output, EngineCore.step
+    queued = getattr(EngineCore, "step_with_batch_queue", None)
 
-    def timed_schedule(self, *a, **kw):
-        out = schedule(self, *a, **kw)
-        last["out"] = out
-        return out
+    def timed_update(self, scheduler_output, *a, **kw):
+        last["out"] = scheduler_output
+        return update(self, scheduler_output, *a, **kw)
+
+    def record(kind, dt):
+        if kind in ("verify", "plain"):
+            getattr(log, kind).append(dt)
+            cpu = this_cpu()
+            if cpu is not None:
+                log.cpus[str(cpu)] = log.cpus.get(str(cpu), 0) + 1
+        elif kind == "mixed":
+            log.mixed += 1
 
     def timed_step(self, *a, **kw):
         last.pop("out", None)
@@ -123,16 +142,36 @@ def install_step_timer(log: StepLog, profile_after: int = 3) -> None:
         kind = _step_class(last.get("out"))
         if prof is not None and kind == log.profile:
             log.profiled = _write_profile(prof, log.profile_to)
-        elif kind in ("verify", "plain") and prof is None:
-            getattr(log, kind).append(dt)
-            cpu = this_cpu()
-            if cpu is not None:
-                log.cpus[str(cpu)] = log.cpus.get(str(cpu), 0) + 1
-        elif kind == "mixed":
-            log.mixed += 1
+        elif prof is None:
+            record(kind, dt)
         return res
 
-    Scheduler.schedule, EngineCore.step = timed_schedule, timed_step
+    def timed_queued_step(self, *a, **kw):
+        last.pop("out", None)
+        res = queued(self, *a, **kw)
+        if "out" in last:  # a batch's results were applied in this call
+            now = time.perf_counter()
+            prev, log.last_result_t = log.last_result_t, now
+            kind = _step_class(last["out"])
+            if prev is not None or kind == "mixed":  # a timed run's first result has no period yet
+                record(kind, None if prev is None else now - prev)
+        return res
+
+    Scheduler.update_from_output, EngineCore.step = timed_update, timed_step
+    if queued is not None:
+        EngineCore.step_with_batch_queue = timed_queued_step
+
+
+SCHEDULING = ("default", "sync")
+
+
+def resolved_async_scheduling(llm) -> bool | None:
+    """Async scheduling as the engine resolved it (the front end's VllmConfig), None where unread."""
+    engine = getattr(llm, "llm_engine", None)
+    cfg = getattr(engine, "vllm_config", None)
+    sched = getattr(cfg, "scheduler_config", None)
+    value = getattr(sched, "async_scheduling", None)
+    return None if value is None else bool(value)
 
 
 def _prompts(batch: int, context: int, vocab: int) -> list[list[int]]:
@@ -142,7 +181,9 @@ def _prompts(batch: int, context: int, vocab: int) -> list[list[int]]:
 
 def engine_setup(job: dict):
     """The job's ``(EngineConfig, EngineSettings, LLM kwargs)``: sized for its largest (batch, context)
-    pair, async scheduling off (one step is one forward and its sampling), dummy weights unless tiny."""
+    pair, dummy weights unless tiny. ``job["scheduling"]``: ``"default"`` leaves async scheduling as
+    the line resolves it (on for MTP from 0.23, what users run), ``"sync"`` turns it off (one step is
+    one forward and its sampling; every e2e figure before 2026-12-06 ran so)."""
     from vllm_platform_ext.testing.engine import EngineConfig, EngineSettings
 
     s = job["setup"]
@@ -153,7 +194,10 @@ def engine_setup(job: dict):
                               max_model_len=max(c for _, c in pairs) + job["max_tokens"] + 8,
                               gpu_memory_utilization=job["gpu_memory_utilization"], warmup_runs=1,
                               kv_cache_memory_bytes=job.get("kv_cache_memory_bytes", 0))
-    extra = {"async_scheduling": False}
+    scheduling = job.get("scheduling", "sync")
+    if scheduling not in SCHEDULING:
+        raise ValueError(f"job scheduling takes one of {', '.join(SCHEDULING)}; got {scheduling!r}")
+    extra = {"async_scheduling": False} if scheduling == "sync" else {}
     if job["dummy"]:
         extra.update(load_format="dummy", skip_tokenizer_init=True)
     return cfg, settings, extra
@@ -173,7 +217,10 @@ def worker(job_path: str, out_path: str) -> int:
     cfg, settings, extra = engine_setup(job)
     results = []
 
+    resolved = {}
+
     def more(llm, sp):
+        resolved["async_scheduling"] = resolved_async_scheduling(llm)
         results.append({"steps": log.take()})  # the first pair's steps (run_engine's warm-up and timed run)
         for batch, context in pairs[1:]:  # one warm-up each, logged as run_engine's is
             outs, gen_s, spec = timed_generate(llm, _prompts(batch, context, job["vocab"]), sp, settings.warmup_runs)
@@ -187,6 +234,8 @@ def worker(job_path: str, out_path: str) -> int:
     results[0]["run"] = asdict(run) | {"tokens": []}
     for r in results[1:]:
         r["run"]["init_s"] = run.init_s  # the one start-up they shared
+    for r in results:  # the mode each row ran in, as asked and as vLLM resolved it
+        r["run"] |= {"scheduling": job.get("scheduling", "sync"), "async_scheduling": resolved.get("async_scheduling")}
     local = gpu_local_cpus()
     for r in results:
         r["steps"]["gpu_local_cpus"] = local

@@ -319,3 +319,67 @@ def test_one_round_keeps_rows_as_they_ran():
     assert len(merged) == 1 and merged[0]["verify_ms"] == 7.0 and [x.get("error") for x in merged[0]["rounds"]] == \
         [None, "engine died"]
     assert E.merge_rounds(rows[:1]) == rows[:1] and E.rounds_markdown(rows[:1]) == ""
+
+
+def test_async_steps_are_the_period_between_batches_results(monkeypatch):
+    """Async scheduling (vLLM's default for MTP from 0.23): ``step_with_batch_queue`` schedules the
+    next batch while the last runs, and a call either only launches (no results) or applies one
+    batch's results. The timer takes a step as the period between two results, classed by the batch
+    whose results came back; calls that only launch, and the first result of a timed run (no
+    period yet), are not steps. Driven here through vLLM's real ``EngineCore`` / ``Scheduler``
+    attributes with a scripted queue (the CPU platform turns async scheduling off, so no CPU engine
+    runs this path: the GPU cells do)."""
+    from types import SimpleNamespace as NS
+
+    from vllm.v1.core.sched.scheduler import Scheduler
+    from vllm.v1.engine.core import EngineCore
+
+    def so(lens, spec=None, new=()):
+        return NS(num_scheduled_tokens=lens, scheduled_spec_decode_tokens=spec or {}, scheduled_new_reqs=list(new))
+
+    verify, plain, mixed = so({"a": 4}, {"a": [1, 2, 3]}), so({"a": 1}), so({"a": 9}, new=["a"])
+    # each call: (seconds it takes, the batch whose results it applies or None where it only launches)
+    script = iter([(0.001, None), (0.010, mixed), (0.001, None), (0.020, verify), (0.030, verify), (0.005, plain)])
+    clock = {"t": 0.0}
+
+    def scripted(self):
+        dt, applied = next(script)
+        clock["t"] += dt
+        if applied is not None:
+            Scheduler.update_from_output(NS(), applied, None)
+        return None, True
+
+    import time
+
+    monkeypatch.setattr(time, "perf_counter", lambda: clock["t"])
+    monkeypatch.setattr(Scheduler, "update_from_output", lambda self, so, out: {})
+    monkeypatch.setattr(EngineCore, "step_with_batch_queue", scripted)
+    monkeypatch.setattr(EngineCore, "step", EngineCore.step)  # restored after the test, as the others
+    log = E.StepLog()
+    E.install_step_timer(log)
+    for _ in range(6):
+        EngineCore.step_with_batch_queue(NS())
+    # results at t = 0.011 (mixed: the first, no period), 0.032 (verify), 0.062 (verify), 0.067 (plain)
+    assert log.mixed == 1
+    assert log.verify == pytest.approx([0.021, 0.030]) and log.plain == pytest.approx([0.005])
+    steps = log.take()
+    assert "last_result_t" not in steps and log.last_result_t is None  # the next run's first period starts afresh
+
+
+def test_scheduling_modes_side_by_side_on_the_cpu_engine(tmp_path):
+    """``--scheduling both``: every configuration runs in the line's default mode and with async
+    scheduling off, each mode's report in its own folder, the two side by side; every row records
+    the mode asked and async scheduling as vLLM resolved it (off on the CPU platform, which turns it
+    off whatever is asked), so a figure says which mode it comes from."""
+    out = tmp_path / "e2e"
+    rc = E.main(["--model", "tiny", "--configs", "B", "--graphs", "eager", "--kv-presets", "auto", "--batches", "1",
+                 "--contexts", "64", "--max-tokens", "12", "--gpu-memory-utilization", "0", "--scheduling", "both",
+                 "--out", str(out)])
+    assert rc == 0
+    for mode in ("default", "sync"):
+        (row,) = json.loads((out / mode / "e2e.json").read_text())["data"]["rows"]
+        assert "error" not in row, row
+        assert row["scheduling"] == mode and row["async"] is False and row["verify_steps"] >= 3, row
+        assert "| off |" in (out / mode / "e2e.md").read_text()
+    side = (out / "e2e-scheduling.md").read_text()
+    assert "| B | 1 | 64 | off |" in side, side
