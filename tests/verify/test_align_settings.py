@@ -56,3 +56,10 @@ def test_the_kit_resolves_to_its_block_and_warns(tmp_path):
         assert len(d["warnings"]) == 1 and "--max-num-batched-tokens 643" in d["warnings"][0], d
     else:  # a 384-token block under a 640 budget: one block plus 3 decode rows fit
         assert d["warnings"] == [], d
+
+
+def test_serve_args_need_a_checkpoint(capsys):
+    from vllm_platform_ext import cli
+
+    assert cli.main(["doctor", "--serve-args", "--max-num-batched-tokens 640"]) == 2
+    assert "MODEL_PATH" in capsys.readouterr().err
