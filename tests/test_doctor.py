@@ -46,7 +46,8 @@ def test_every_patch_group_declares_why_upstream_and_retirement():
     info = json.loads(proc.stdout[proc.stdout.index("{"):])
     ledger = {g["name"]: g for g in info["patch_groups"]}
     assert set(ledger) == {"vllm_env.own_switches", "gdn.cpu_spec_decode", "gdn.cuda_zero_draft_spec_rows",
-                           "mamba.cpu_align_copies", "turboquant_spec_verify", "turboquant.reserve_workspace",
+                           "mamba.cpu_align_copies", "mamba.align_prefill_budget", "turboquant_spec_verify",
+                           "turboquant.reserve_workspace",
                            "turboquant.v1_runner_cache_dtype",
                            "moe.disable_inplace_default", "maca.unquantized_moe_triton", "moe.wna16_kernel_call",
                            "quant.mtp_layer_config", "load.uninitialised_params"}

@@ -5,6 +5,7 @@ import argparse
 import importlib.metadata as md
 import json
 import os
+import shlex
 import sys
 
 DIST = "vllm-platform-ext"
@@ -257,7 +258,12 @@ def cmd_doctor(args) -> int:
     if args.model_path is not None:
         from vllm_platform_ext.verify import checkpoint_doctor
 
-        return checkpoint_doctor.main(args.model_path, strict=args.strict, as_json=args.json)
+        serve = None if args.serve_args is None else shlex.split(args.serve_args)
+        return checkpoint_doctor.main(args.model_path, strict=args.strict, as_json=args.json, serve_args=serve)
+    if args.serve_args is not None:
+        print("vllm-platform-ext doctor: --serve-args applies to a checkpoint (doctor MODEL_PATH --serve-args ...)",
+              file=sys.stderr)
+        return 2
     if args.strict:
         print("vllm-platform-ext doctor: --strict applies to a checkpoint (doctor MODEL_PATH --strict)", file=sys.stderr)
         return 2
@@ -292,6 +298,9 @@ def main(argv: list[str] | None = None) -> int:
     d.add_argument("--json", action="store_true")
     d.add_argument("--strict", action="store_true",
                    help="with MODEL_PATH: exit 1 when a layer would be built with a config its tensors do not match")
+    d.add_argument("--serve-args", metavar="ARGS",
+                   help="with MODEL_PATH: `vllm serve` arguments (one string) to resolve for this checkpoint; warns "
+                        "where prefix caching of a hybrid model would starve prefills (mamba 'align' mode)")
     d.set_defaults(fn=cmd_doctor)
     # verify and bench own their options (their --help lists them): everything after the
     # sub-command name is passed through unparsed.

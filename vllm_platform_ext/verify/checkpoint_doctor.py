@@ -21,6 +21,8 @@ import struct
 from collections import Counter
 from pathlib import Path
 
+from vllm_platform_ext.verify.meta_init import init_distributed
+
 PACKED = ("qweight", "weight_packed")
 MTP_KEYS = ("mtp_num_hidden_layers", "num_nextn_predict_layers", "mtp_num_layers")
 ADVICE = ('exclude the MTP layer from quantization in quantization_config (GPTQ: dynamic {"-:.*mtp.*": {}}; '
@@ -96,21 +98,6 @@ def layer_tensors(prefix: str, tensors: dict, packed_mapping: dict) -> list[tupl
     return sorted((n, d) for n, (d, _) in tensors.items() if any(n.startswith(r + ".") for r in roots))
 
 
-def _init_distributed(vllm_config) -> None:
-    import tempfile
-
-    from vllm.config import set_current_vllm_config
-    from vllm.distributed import init_distributed_environment, initialize_model_parallel
-    from vllm.distributed.parallel_state import model_parallel_is_initialized
-
-    if model_parallel_is_initialized():
-        return
-    with set_current_vllm_config(vllm_config):
-        init_distributed_environment(world_size=1, rank=0, local_rank=0, backend="gloo",
-                                     distributed_init_method=f"file://{tempfile.mkdtemp()}/init")
-        initialize_model_parallel(1, 1)
-
-
 def build_on_meta(path: str, mtp: bool):
     """``(vllm_config, target model, draft model or None, why no draft)``, built by vLLM on ``meta``."""
     import torch
@@ -121,7 +108,7 @@ def build_on_meta(path: str, mtp: bool):
     spec = {"method": "mtp", "num_speculative_tokens": 1} if mtp else None
     vc = EngineArgs(model=path, speculative_config=spec, enforce_eager=True, max_model_len=256,
                     max_num_batched_tokens=256).create_engine_config()
-    _init_distributed(vc)
+    init_distributed(vc)
     with set_current_vllm_config(vc), torch.device("meta"):
         target = initialize_model(vllm_config=vc, model_config=vc.model_config)
     draft, why = None, "" if mtp else "no MTP layer in this checkpoint's config"
@@ -214,7 +201,8 @@ def format_report(d: dict) -> str:
     return "\n".join(lines)
 
 
-def main(path: str, strict: bool = False, as_json: bool = False) -> int:
+def main(path: str, strict: bool = False, as_json: bool = False, serve_args: list[str] | None = None) -> int:
+    """``serve_args`` (``--serve-args``): also the prefix-caching settings check (verify/align_settings.py)."""
     import sys
 
     # the report, not vLLM's start-up log; the caller's environment is left as it was (an in-process
@@ -223,14 +211,25 @@ def main(path: str, strict: bool = False, as_json: bool = False) -> int:
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
     try:
         d = diagnose(path)
-    except CheckpointError as exc:
+        if serve_args is not None:
+            from vllm_platform_ext.verify import align_settings
+
+            d["serving"] = align_settings.check(path, serve_args)
+    except (CheckpointError, ValueError) as exc:
         print(f"vllm-platform-ext doctor: {exc}", file=sys.stderr)
         return 2
     finally:
         if had is None:
             os.environ.pop("VLLM_LOGGING_LEVEL", None)
-    print(json.dumps(d, indent=2) if as_json else format_report(d))
-    return 1 if strict and d["warnings"] else 0
+    if as_json:
+        print(json.dumps(d, indent=2))
+    else:
+        print(format_report(d))
+        if "serving" in d:
+            from vllm_platform_ext.verify import align_settings
+
+            print(align_settings.format_report(d["serving"]))
+    return 1 if strict and (d["warnings"] or d.get("serving", {}).get("warnings")) else 0
 
 
 if __name__ == "__main__":  # several checkpoints in one process (tests): a JSON list of diagnose()
