@@ -67,7 +67,9 @@ def calibration_data(n: int = CALIB_SAMPLES, length: int = CALIB_SEQLEN, seed: i
     return [{"input_ids": torch.tensor([recall_sequence(r, length)[0]]), "attention_mask": None} for _ in range(n)]
 
 
-def _autoround(src: Path, out: Path, iters: int, log=None) -> Path:
+def _autoround(src: Path, out: Path, iters: int, log=None, fmt: str = "auto_gptq", ignore_layers: str = "") -> Path:
+    """AutoRound on the bf16 kit ``src`` into ``out``: ``fmt`` its export format (``auto_gptq``; ``auto_round``,
+    its native format: testing/autoround_native.py), ``ignore_layers`` its option of that name."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -85,8 +87,9 @@ def _autoround(src: Path, out: Path, iters: int, log=None) -> Path:
                                                                      if not (o % MIN_OUT or i % MIN_OUT)])
     ar = AutoRound(model, tok, bits=BITS, group_size=base, sym=True, iters=iters,
                    nsamples=CALIB_SAMPLES, seqlen=CALIB_SEQLEN, dataset=calibration_data(),
-                   layer_config=layer_plan(model, base), device_map="cpu", enable_torch_compile=False, seed=0)
-    ar.quantize_and_save(str(out), format="auto_gptq")
+                   layer_config=layer_plan(model, base), device_map="cpu", enable_torch_compile=False, seed=0,
+                   ignore_layers=ignore_layers)
+    ar.quantize_and_save(str(out), format=fmt)
     found = sorted(p.parent for p in out.rglob("config.json"))
     if len(found) != 1:
         raise GptqKitError(f"AutoRound wrote {len(found)} checkpoints under {out}: {found}")
@@ -431,6 +434,8 @@ def main(argv: list[str] | None = None) -> int:
     v.add_argument("kind")
     v.add_argument("root")
     v.add_argument("--src", required=True, help="the bf16 recall kit of KIND")
+    v.add_argument("--format", default="auto_gptq", choices=("auto_gptq", "auto_round"),
+                   help="AutoRound's export: GPTQ (default) or its native format (testing/autoround_native.py)")
     q = sub.add_parser("quantizer-dequant")
     q.add_argument("gptq_dir")
     q.add_argument("out_file")
@@ -447,6 +452,10 @@ def main(argv: list[str] | None = None) -> int:
 
             save_file(quantizer_dequantized(d), a.quantizer_dequant)
         print(d)
+    elif a.cmd == "variants" and a.format == "auto_round":
+        from vllm_platform_ext.testing.autoround_native import make_native_variants
+
+        print(make_native_variants(a.kind, a.root, a.src))
     elif a.cmd == "variants":
         print(make_variants(a.kind, a.root, a.src))
     else:
