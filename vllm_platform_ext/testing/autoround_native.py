@@ -91,3 +91,23 @@ def make_native_variants(kind: str, root: str | os.PathLike, src: str | os.PathL
         gptq_kit.check_checkpoint_files(out)
         gptq_kit.write_dequantized(out, src, root / f"{name}-deq")
     return root
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``variants KIND ROOT --src BF16``: :func:`make_native_variants` (run with auto-round on the path,
+    ``PYTHONPATH=.qdeps``, as testing/gptq_cells.py's ``build --format auto_round`` does)."""
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="python -m vllm_platform_ext.testing.autoround_native")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    v = sub.add_parser("variants", help="every VARIANTS checkpoint (native format) and its dequantized twin")
+    v.add_argument("kind")
+    v.add_argument("root")
+    v.add_argument("--src", required=True, help="the bf16 recall kit of KIND (text form)")
+    a = ap.parse_args(argv)
+    print(make_native_variants(a.kind, a.root, a.src))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

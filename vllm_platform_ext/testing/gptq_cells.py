@@ -104,12 +104,13 @@ def build(root: str | os.PathLike, kind: str = KIND, dims: str = "cpu", pythonpa
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
     bf16 = make_tiny_model(kind, root / "bf16", target="recall", dims=dims)
-    proc = subprocess.run([sys.executable, "-m", "vllm_platform_ext.testing.gptq_kit", "variants", kind, str(root),
-                           "--src", str(bf16), "--format", fmt], capture_output=True, text=True, timeout=900,
+    maker = {"auto_gptq": "gptq_kit", "auto_round": "autoround_native"}[fmt]  # each writes VARIANTS under root
+    proc = subprocess.run([sys.executable, "-m", f"vllm_platform_ext.testing.{maker}", "variants", kind, str(root),
+                           "--src", str(bf16)], capture_output=True, text=True, timeout=900,
                           env={**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PYTHONPATH": os.pathsep.join(
                               [*[p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p], *pythonpath])})
     if proc.returncode != 0:
-        raise RuntimeError(f"gptq_kit variants failed:\n{(proc.stdout + proc.stderr)[-3000:]}")
+        raise RuntimeError(f"{maker} variants failed:\n{(proc.stdout + proc.stderr)[-3000:]}")
     (root / KIT_FILE).write_text(json.dumps({"kind": kind, "dims": dims, "format": fmt, "bf16_sha256": _sha256(
         bf16 / "model.safetensors")}, indent=1) + "\n")
     return root

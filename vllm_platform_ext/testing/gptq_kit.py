@@ -434,8 +434,6 @@ def main(argv: list[str] | None = None) -> int:
     v.add_argument("kind")
     v.add_argument("root")
     v.add_argument("--src", required=True, help="the bf16 recall kit of KIND")
-    v.add_argument("--format", default="auto_gptq", choices=("auto_gptq", "auto_round"),
-                   help="AutoRound's export: GPTQ (default) or its native format (testing/autoround_native.py)")
     q = sub.add_parser("quantizer-dequant")
     q.add_argument("gptq_dir")
     q.add_argument("out_file")
@@ -452,10 +450,6 @@ def main(argv: list[str] | None = None) -> int:
 
             save_file(quantizer_dequantized(d), a.quantizer_dequant)
         print(d)
-    elif a.cmd == "variants" and a.format == "auto_round":
-        from vllm_platform_ext.testing.autoround_native import make_native_variants
-
-        print(make_native_variants(a.kind, a.root, a.src))
     elif a.cmd == "variants":
         print(make_variants(a.kind, a.root, a.src))
     else:
