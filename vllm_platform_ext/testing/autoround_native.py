@@ -70,23 +70,29 @@ def check_variant(ckpt: str | os.PathLike, mtp: str) -> None:
 
 def make_native_variants(kind: str, root: str | os.PathLike, src: str | os.PathLike) -> Path:
     """``root/<variant>`` and ``root/<variant>-deq`` for each of :data:`gptq_kit.VARIANTS`: AutoRound's native
-    export of the bf16 text kit ``src`` (one AutoRound run per MTP mode: ``ignore_layers`` differs)."""
+    export of the bf16 kit ``src`` (one AutoRound run per MTP mode: ``ignore_layers`` differs); a multimodal kit
+    through its text form, written back in the multimodal layout."""
     import shutil
 
     from vllm_platform_ext.testing import gptq_kit
     from vllm_platform_ext.testing.gptq_multimodal import is_multimodal
 
-    if is_multimodal(src):
-        raise NativeKitError(f"{src}: the native-format kit is made of text kits only (qwen3_5_text); the "
-                             "multimodal form is not written for it yet")
+    from vllm_platform_ext.testing.gptq_multimodal import text_form, to_multimodal
+
     root = Path(root)
     for name, mtp in gptq_kit.VARIANTS.items():
         with tempfile.TemporaryDirectory(prefix="vpe-ar-") as tmp:
-            made = gptq_kit._autoround(Path(src), Path(tmp) / "ar", 0, fmt=FORMAT, ignore_layers=IGNORE[mtp])
+            # a multimodal kit (qwen3_5, qwen3_5_moe): quantized through its text form, written back in its own
+            # (testing/gptq_multimodal.py; extra_config's names get the multimodal prefix)
+            text = text_form(src, Path(tmp) / "text") if is_multimodal(src) else Path(src)
+            made = gptq_kit._autoround(text, Path(tmp) / "ar", 0, fmt=FORMAT, ignore_layers=IGNORE[mtp])
             out = root / name
             if out.exists():
                 shutil.rmtree(out)
-            shutil.copytree(made, out)
+            if is_multimodal(src):
+                to_multimodal(made, src, out)
+            else:
+                shutil.copytree(made, out)
         check_variant(out, mtp)
         gptq_kit.check_checkpoint_files(out)
         gptq_kit.write_dequantized(out, src, root / f"{name}-deq")
