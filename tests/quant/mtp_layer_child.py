@@ -1,7 +1,8 @@
 """Child process of ``test_quant_mtp_layer.py``: one vLLM line's REAL quantization config classes
 (the line's Python on ``PYTHONPATH``), asked which method they build for the MTP layer's and the
-target's fused-MoE and linear layers -- with ``quant.mtp_layer_config`` off, then on. Prints
-``JSON{...}``.
+target's fused-MoE and linear layers -- with ``quant.mtp_layer_config`` off, then on; and, for AutoRound's
+native format, ``inc_layer_child.cases()`` with ``quant.inc_extra_config`` off, then on (one interpreter per
+line serves both). Prints ``JSON{...}``.
 
 The layers are the line's real ``RoutedExperts``/``FusedMoE`` and ``ReplicatedLinear`` classes,
 made without ``__init__`` (which needs a model context) and given the attributes the config code
@@ -185,7 +186,7 @@ def main() -> dict:
     load_general_plugins()  # our bootstrap (compat; the groups named in VLLM_PLATFORM_EXT_DISABLE stay off)
     import vllm
     from vllm_platform_ext import patching, quant
-    from vllm_platform_ext.quant import moe_wna16, mtp_layer
+    from vllm_platform_ext.quant import inc_layer, moe_wna16, mtp_layer
     from vllm_platform_ext.report import Report
 
     groups = {g.name: g for g in quant.groups()}
@@ -195,14 +196,18 @@ def main() -> dict:
     from vllm.model_executor.layers.quantization.moe_wna16 import MoeWNA16Method
 
     applicable = "self.moe_kernel" in inspect.getsource(MoeWNA16Method.apply)  # the line's own apply
-    res = {"vllm": vllm.__version__, "file": vllm.__file__, "off": cases(ckpt), "kernel_off": kernel_call(applicable)}
+    import inc_layer_child  # AutoRound's native format (vLLM's INC) on the same line, in the same process
+
+    res = {"vllm": vllm.__version__, "file": vllm.__file__, "off": cases(ckpt), "kernel_off": kernel_call(applicable),
+           "inc_off": inc_layer_child.cases()}
     report = Report()
     os.environ.pop("VLLM_PLATFORM_EXT_DISABLE", None)
-    for name in (mtp_layer.NAME, moe_wna16.KERNEL_CALL_GROUP):
+    for name in (mtp_layer.NAME, moe_wna16.KERNEL_CALL_GROUP, inc_layer.NAME):
         patching.apply_group(groups[name], report)
     res["groups"] = {e.name: [e.status.value, e.detail[:300]] for e in report.entries}
     res["on"] = cases(ckpt)
     res["kernel_on"] = kernel_call(applicable)
+    res["inc_on"] = inc_layer_child.cases()
     return res
 
 

@@ -14,6 +14,19 @@ AutoRound's block-relative module list the MTP's bf16 linears are quantized too 
 moe_wna16 leaves the target's linears unquantized on 0.22-0.26 and quantizes the MTP's bf16 linears
 on 0.32+. On, every MTP layer is unquantized and every target layer quantized. Where a line's probe
 says "not needed" (upstream fixed it), the off half must already be right instead.
+
+The same child also asks the line's ``INCConfig`` (AutoRound's native format, ``inc_layer_child.py``), through
+the line's ``configure_quant_config`` and Qwen3.5 classes (target first, then the draft on the same object, as
+in the engine). Found on 0.22-0.26 and 0.33 (0.32 shares those files):
+- off, a target layer whose ``extra_config`` entry has no ``bits`` (AutoRound writes ``{"group_size": 128}``)
+  is built unquantized on every line; ``quant.inc_extra_config`` on, quantized (the checkpoint ships it packed);
+- the MTP layer is resolved as the checkpoint ships it on every line, group on or off: ``mtp.layers`` in the
+  block list -> its linears quantized, ``mtp.fc`` bf16; ``ignore_layers="mtp"`` -> all bf16. The draft's
+  prefixes are the checkpoint's (``mtp.layers.N``) and no line's mapper drops ``mtp.layers`` before the draft
+  reads it (0.32/0.33's ``"mtp.": None`` is left out by ``get_rename_mapper``): vLLM #49552 does not show here;
+- INC aggregates per-expert ``extra_config`` entries only for a class named ``*fusedmoe*``: on 0.22/0.23
+  (``FusedMoE``) experts at 8 bits resolve to 8, from 0.24 (``RoutedExperts``) to the checkpoint's 4 (recorded,
+  not fixed: AutoRound's MTP exports write no per-expert entries for the MTP layer).
 """
 from __future__ import annotations
 
@@ -30,7 +43,7 @@ from conftest import REPO, line_source, load_tool, table_wheel
 
 LINES = [(0, 22), (0, 23), (0, 24), (0, 25), (0, 26), (0, 33)]
 CHILD = Path(__file__).with_name("mtp_layer_child.py")
-GROUP, KERNEL_GROUP = "quant.mtp_layer_config", "moe.wna16_kernel_call"
+GROUP, KERNEL_GROUP, INC_GROUP = "quant.mtp_layer_config", "moe.wna16_kernel_call", "quant.inc_extra_config"
 UNQ_MOE, UNQ_LIN = "UnquantizedFusedMoEMethod", "UnquantizedLinearMethod"
 QUANT_MOE = {"gptq_dynamic_fallback": "MoeWNA16Method", "gptq_shipped_marlin": "AutoGPTQMoEMethod",
              "gptq_relative_list": "AutoGPTQMoEMethod", "gptq_mapped_names": "AutoGPTQMoEMethod",
@@ -45,7 +58,7 @@ def line(request):
     deps = load_tool("ci/tools/vllm_lines.py").DEPS_DIR
     env = {k: v for k, v in os.environ.items() if not k.startswith("VLLM_PLATFORM_EXT_")}
     env.update(PYTHONPATH=os.pathsep.join([root, REPO, str(deps)]), HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
-               VLLM_PLATFORM_EXT_DISABLE=f"{GROUP},{KERNEL_GROUP}")  # off first; the child applies them after
+               VLLM_PLATFORM_EXT_DISABLE=f"{GROUP},{KERNEL_GROUP},{INC_GROUP}")  # off first; the child applies them after
     proc = subprocess.run([sys.executable, str(CHILD)], capture_output=True, text=True, env=env, cwd=root, timeout=600)
     out = [ln for ln in proc.stdout.splitlines() if ln.startswith("JSON")]
     assert proc.returncode == 0 and out, f"vLLM {key}: rc={proc.returncode}\n{proc.stderr[-4000:]}"
@@ -100,13 +113,84 @@ def test_kernel_call_group_reaches_vllms_own_method(line):
 
 
 def test_0_32_shares_the_files_with_0_33():
-    """0.32 (the CPU engine's line) is not run above: its files that decide are 0.33's, byte for byte."""
+    """0.32 (the CPU engine's line) is not run above: its files that decide are 0.33's, byte for byte (INC's
+    ``configure_quant_config``: its function's source; the rest of that file differs)."""
+    import ast
+
     files = ("vllm/model_executor/layers/quantization/auto_gptq.py",
              "vllm/model_executor/layers/quantization/moe_wna16.py",
-             "vllm/model_executor/layers/quantization/utils/gptq_utils.py")
+             "vllm/model_executor/layers/quantization/utils/gptq_utils.py",
+             "vllm/model_executor/layers/quantization/inc/inc.py",
+             "vllm/model_executor/layers/quantization/inc/config_parser.py",
+             "vllm/model_executor/models/qwen3_5.py", "vllm/model_executor/models/qwen3_5_mtp.py",
+             "vllm/model_executor/models/qwen3_vl.py")
+
+    def configure(z):
+        src = z.read("vllm/model_executor/model_loader/utils.py").decode()
+        return next(ast.get_source_segment(src, n) for n in ast.parse(src).body
+                    if isinstance(n, ast.FunctionDef) and n.name == "configure_quant_config")
+
     with zipfile.ZipFile(table_wheel((0, 32))) as a, zipfile.ZipFile(table_wheel((0, 33))) as b:
         for f in files:
             assert a.read(f) == b.read(f), f
+        assert configure(a) == configure(b)
+
+
+INC_CASES = ("text/quantized", "text/bf16", "multimodal/quantized", "multimodal/bf16")
+
+
+def test_with_the_inc_group_a_partial_entry_is_built_quantized(line):
+    key, got = line
+    assert got["groups"][INC_GROUP][0] == "applied", got["groups"]
+    for case in INC_CASES:
+        row = got["inc_on"][case]
+        assert row["target_partial"] == row["target_plain"] == "quantized", (key, case, row)
+        assert row["target_bf16"] == "unquantized", (key, case, row)
+
+
+def test_without_the_inc_group_a_partial_entry_is_built_unquantized(line):
+    """The bug, on the line's own INC code (fails once upstream fixes it: the probe must skip then)."""
+    key, got = line
+    for case in INC_CASES:
+        row = got["inc_off"][case]
+        assert row["target_partial"] == "unquantized" and row["target_plain"] == "quantized", (key, case, row)
+
+
+@pytest.mark.parametrize("half", ["inc_off", "inc_on"])
+def test_the_native_mtp_layer_is_resolved_as_the_checkpoint_ships_it(line, half):
+    """#49552's question on these lines: the draft reads the checkpoint's block names for ``mtp.layers.N``."""
+    key, got = line
+    for case in INC_CASES:
+        row = got[half][case]
+        quantized = case.endswith("/quantized")
+        assert ("mtp.layers" in row["blocks"]) == quantized, (key, case, row)
+        assert row["mtp_linear"] == ("quantized" if quantized else "unquantized"), (key, case, row)
+        assert row["mtp_fc"] == "unquantized", (key, case, row)
+        assert row["mtp_moe_bits"] == (4 if quantized else 16), (key, case, row)
+
+
+def test_inc_reads_expert_entries_only_where_the_moe_class_is_named_fusedmoe(line):
+    key, got = line
+    moe = got["inc_off"]["moe_expert_entries"]
+    assert moe["bits"] == (8 if "fusedmoe" in moe["class"].lower() else 4), (key, moe)
+    assert ("fusedmoe" in moe["class"].lower()) == (key <= (0, 23)), (key, moe)
+
+
+def test_inc_probe_by_feature():
+    from vllm_platform_ext.quant import inc_layer
+
+    assert inc_layer.needs('if self.extra_config[layer_name].get("bits", 16) >= 16:')
+    assert not inc_layer.needs('if self.extra_config[layer_name].get("bits", self.weight_bits) >= 16:')
+
+
+def test_bad_extra_config_names_the_problem():
+    from vllm_platform_ext.quant import inc_layer
+
+    class Config:
+        extra_config = ["model.layers.0.mlp.down_proj"]
+
+    with pytest.raises(ValueError, match="quantization_config.extra_config must be a mapping"):
+        inc_layer.partial_entries(Config(), "model.layers.0.mlp.down_proj")
 
 
 def test_probe_by_feature():

@@ -76,6 +76,20 @@ def test_the_verdict_is_the_plugin_on_cells(monkeypatch, tmp_path, on, off, ok):
     assert seen["run"]["parallel"] == 1 and seen["run"]["max_tokens"] == 0  # CPU: one engine at a time
 
 
+@pytest.mark.parametrize("gpu", [False, True])
+def test_autoround_builds_the_native_kit(monkeypatch, tmp_path, gpu):
+    import torch
+
+    seen = {}
+    monkeypatch.setattr(quant, "quantizer_path", lambda fmt: ["/q"])
+    monkeypatch.setattr(gptq_cells, "build", lambda root, pythonpath=(), **kw: seen.update(build=(root, pythonpath, kw)))
+    monkeypatch.setattr(gptq_cells, "run", lambda root, out, **kw: [{"status": "pass", "plugin": True}])
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: gpu)
+    assert quant.run("autoround", tmp_path, 0)[0]
+    form = {"kind": "qwen3_5", "dims": "gpu"} if gpu else {}  # a GPU: the multimodal form the CUDA lines take MTP on
+    assert seen["build"] == (tmp_path / "kit-autoround", ["/q"], {**form, "fmt": "auto_round"})
+
+
 def test_build_puts_the_quantizer_on_the_subprocess_path(monkeypatch, tmp_path):
     import types
 

@@ -37,6 +37,6 @@ def register(report: Report | None = None) -> None:
 
 
 def groups() -> list[PatchGroup]:
-    from vllm_platform_ext.quant import moe_wna16, mtp_layer
+    from vllm_platform_ext.quant import inc_layer, moe_wna16, mtp_layer
 
-    return [*moe_wna16.GROUPS, *mtp_layer.GROUPS]
+    return [*moe_wna16.GROUPS, *mtp_layer.GROUPS, *inc_layer.GROUPS]

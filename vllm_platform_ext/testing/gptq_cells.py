@@ -92,23 +92,26 @@ def _sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def build(root: str | os.PathLike, kind: str = KIND, dims: str = "cpu", pythonpath: list[str] | tuple = ()) -> Path:
+def build(root: str | os.PathLike, kind: str = KIND, dims: str = "cpu", pythonpath: list[str] | tuple = (),
+          fmt: str = "auto_gptq") -> Path:
     """The bf16 kit, each GPTQ variant and its float32 dequantized twin under ``root`` (one AutoRound run:
     ``gptq_kit variants``), and ``root/kit.json``. ``run`` remakes the bf16 kit and the twins where they are
     missing (:func:`complete`), so a ROOT carried without them stays a few MB. ``pythonpath``: folders the
-    quantizer's subprocess needs on its path (``.qdeps``: ``verify --quant``)."""
+    quantizer's subprocess needs on its path (``.qdeps``: ``verify --quant``). ``fmt``: AutoRound's export,
+    ``auto_gptq`` or its native ``auto_round`` (testing/autoround_native.py; text kit only)."""
     from vllm_platform_ext.testing.tiny_models import make_tiny_model
 
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
     bf16 = make_tiny_model(kind, root / "bf16", target="recall", dims=dims)
-    proc = subprocess.run([sys.executable, "-m", "vllm_platform_ext.testing.gptq_kit", "variants", kind, str(root),
+    maker = {"auto_gptq": "gptq_kit", "auto_round": "autoround_native"}[fmt]  # each writes VARIANTS under root
+    proc = subprocess.run([sys.executable, "-m", f"vllm_platform_ext.testing.{maker}", "variants", kind, str(root),
                            "--src", str(bf16)], capture_output=True, text=True, timeout=900,
                           env={**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PYTHONPATH": os.pathsep.join(
                               [*[p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p], *pythonpath])})
     if proc.returncode != 0:
-        raise RuntimeError(f"gptq_kit variants failed:\n{(proc.stdout + proc.stderr)[-3000:]}")
-    (root / KIT_FILE).write_text(json.dumps({"kind": kind, "dims": dims, "bf16_sha256": _sha256(
+        raise RuntimeError(f"{maker} variants failed:\n{(proc.stdout + proc.stderr)[-3000:]}")
+    (root / KIT_FILE).write_text(json.dumps({"kind": kind, "dims": dims, "format": fmt, "bf16_sha256": _sha256(
         bf16 / "model.safetensors")}, indent=1) + "\n")
     return root
 
@@ -287,6 +290,7 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("root")
     b.add_argument("--kind", default=KIND)
     b.add_argument("--dims", default="cpu")
+    b.add_argument("--format", default="auto_gptq", choices=("auto_gptq", "auto_round"))
     r = sub.add_parser("run")
     r.add_argument("root")
     r.add_argument("out")
@@ -299,7 +303,7 @@ def main(argv: list[str] | None = None) -> int:
                    "default)")
     a = ap.parse_args(argv)
     if a.cmd == "build":
-        print(build(a.root, a.kind, a.dims))
+        print(build(a.root, a.kind, a.dims, fmt=a.format))
         return 0
     rows = run(a.root, a.out, a.graphs, a.parallel, a.timeout, a.max_tokens, a.only, MOE_CELLS if a.moe else None)
     return 0 if all(r["status"] == "pass" for r in rows) else 1

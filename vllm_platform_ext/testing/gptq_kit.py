@@ -67,7 +67,9 @@ def calibration_data(n: int = CALIB_SAMPLES, length: int = CALIB_SEQLEN, seed: i
     return [{"input_ids": torch.tensor([recall_sequence(r, length)[0]]), "attention_mask": None} for _ in range(n)]
 
 
-def _autoround(src: Path, out: Path, iters: int, log=None) -> Path:
+def _autoround(src: Path, out: Path, iters: int, log=None, fmt: str = "auto_gptq", ignore_layers: str = "") -> Path:
+    """AutoRound on the bf16 kit ``src`` into ``out``: ``fmt`` its export format (``auto_gptq``; ``auto_round``,
+    its native format: testing/autoround_native.py), ``ignore_layers`` its option of that name."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -85,8 +87,9 @@ def _autoround(src: Path, out: Path, iters: int, log=None) -> Path:
                                                                      if not (o % MIN_OUT or i % MIN_OUT)])
     ar = AutoRound(model, tok, bits=BITS, group_size=base, sym=True, iters=iters,
                    nsamples=CALIB_SAMPLES, seqlen=CALIB_SEQLEN, dataset=calibration_data(),
-                   layer_config=layer_plan(model, base), device_map="cpu", enable_torch_compile=False, seed=0)
-    ar.quantize_and_save(str(out), format="auto_gptq")
+                   layer_config=layer_plan(model, base), device_map="cpu", enable_torch_compile=False, seed=0,
+                   ignore_layers=ignore_layers)
+    ar.quantize_and_save(str(out), format=fmt)
     found = sorted(p.parent for p in out.rglob("config.json"))
     if len(found) != 1:
         raise GptqKitError(f"AutoRound wrote {len(found)} checkpoints under {out}: {found}")

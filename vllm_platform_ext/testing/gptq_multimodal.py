@@ -93,6 +93,9 @@ def multimodal_quant_config(qc: dict) -> dict:
     if mods:
         qc["modules_in_block_to_quantize"] = [[_mm_module(m) for m in b] if isinstance(b, list) else _mm_module(b)
                                               for b in mods]
+    extra = qc.get("extra_config")  # AutoRound's native format: per-layer entries by name (regex keys unchanged)
+    if isinstance(extra, dict):
+        qc["extra_config"] = {_mm_module(k): v for k, v in extra.items()}
     block = qc.get("block_name_to_quantize")
     if isinstance(block, str):
         qc["block_name_to_quantize"] = ",".join(_mm_module(b) for b in block.split(","))

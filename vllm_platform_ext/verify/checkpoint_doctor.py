@@ -136,6 +136,17 @@ def _layers(model, tensors: dict) -> list[dict]:
     return rows
 
 
+def inc_mtp_rules(qc: dict) -> list[str]:
+    """What an AutoRound native config (vLLM's INC) says of the MTP layer: its ``block_name_to_quantize``
+    entries and the ``extra_config`` keys that name it (with their bits)."""
+    blocks = qc.get("block_name_to_quantize") or []
+    blocks = blocks.split(",") if isinstance(blocks, str) else blocks
+    out = [f"block_name_to_quantize: {b.strip()}" for b in blocks if "mtp" in str(b)]
+    extra = qc.get("extra_config") or {}
+    return out + [f"extra_config: {k} bits={v.get('bits', qc.get('bits'))}" for k, v in extra.items()
+                  if "mtp" in str(k) and isinstance(v, dict)]
+
+
 def diagnose(path: str | os.PathLike) -> dict:
     """What :mod:`this module <vllm_platform_ext.verify.checkpoint_doctor>` reports, as a dict."""
     cfg, tensors = read_checkpoint(path)
@@ -152,7 +163,7 @@ def diagnose(path: str | os.PathLike) -> dict:
            "mtp_layers": n_mtp, "mtp_tensor_dtypes": dict(Counter(mtp_tensors.values())), "warnings": []}
     rule_keys = sorted(k for k in (qc.get("dynamic") or {}) if "mtp" in k)
     out["mtp_rules"] = rule_keys + [f"modules_to_not_convert: {m}" for m in qc.get("modules_to_not_convert") or []
-                                    if "mtp" in str(m)]
+                                    if "mtp" in str(m)] + inc_mtp_rules(qc)
     for role, model in (("target", target), ("mtp", draft)):
         if model is None:
             continue

