@@ -27,6 +27,7 @@ def test_doctor_json_sections():
     names = {(e["step"], e["name"]): e["status"] for e in info["bootstrap"]["entries"]}
     assert names[("patch", "gdn.cpu_spec_decode")] == "applied"
     assert names[("patch", "mamba.cpu_align_copies")] == "applied"  # no triton-cpu here (issue 30)
+    assert names[("patch", "spec.draft_ids_in_vocab")] == "applied"  # vLLM 0.32 caps no draft id >= vocab_size
     assert {r["op"] for r in info["ops"]} >= {"gdn.causal_conv1d_update", "gdn.recurrent_gated_delta_rule"}
     # which TurboQuant verify kernel each preset takes: here (no GPU) each names its SM condition
     # (or v2 where this Triton has no Gluon)
@@ -46,8 +47,8 @@ def test_every_patch_group_declares_why_upstream_and_retirement():
     info = json.loads(proc.stdout[proc.stdout.index("{"):])
     ledger = {g["name"]: g for g in info["patch_groups"]}
     assert set(ledger) == {"vllm_env.own_switches", "gdn.cpu_spec_decode", "gdn.cuda_zero_draft_spec_rows",
-                           "mamba.cpu_align_copies", "mamba.align_prefill_budget", "turboquant_spec_verify",
-                           "turboquant.reserve_workspace",
+                           "mamba.cpu_align_copies", "mamba.align_prefill_budget", "spec.draft_ids_in_vocab",
+                           "turboquant_spec_verify", "turboquant.reserve_workspace",
                            "turboquant.v1_runner_cache_dtype",
                            "moe.disable_inplace_default", "maca.unquantized_moe_triton", "moe.wna16_kernel_call",
                            "quant.mtp_layer_config", "quant.inc_extra_config", "load.uninitialised_params"}

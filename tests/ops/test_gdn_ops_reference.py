@@ -18,6 +18,7 @@ from vllm_platform_ext.ops.gdn import torch_ops
 
 CASES = GC.standard_cases()
 BAD = GC.bad_input_cases()
+PADDED = GC.padded_row_cases()
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 
 
@@ -131,3 +132,12 @@ def test_reference_follows_the_contract_by_hand():
     assert out.flatten().tolist() == [1032.0, 2103.0]
     # new state columns [0, width-2+q) = [0, 3) = [3, 10, 20]; column 3 untouched
     assert state.flatten().tolist() == [3.0, 10.0, 20.0, 4.0]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).split(".")[-1])
+@pytest.mark.parametrize("name", sorted(PADDED))
+def test_torch_op_ignores_padded_rows_with_garbage_indices(name, dtype):
+    """Zero-token padded rows carrying state indices of -1, 10**6 and the null block and accepted counts of
+    0, -1 and 10**6 (issue 51: bad ids in padded rows): no error, no read or write through them -- the real
+    rows' outputs and the whole state pool equal the float64 reference run without the padded rows."""
+    GH.assert_close(GH.padded_compare(torch_ops, PADDED[name], dtype), dtype)

@@ -31,7 +31,7 @@ def _worker() -> dict:
     from vllm_platform_ext.testing import gdn_harness as GH
     from vllm_platform_ext.ops.gdn import triton_ops as X
 
-    out: dict = {"cases": {}, "bad": {}, "seq": {}, "fused": {}, "triton": __import__("triton").__version__}
+    out: dict = {"cases": {}, "bad": {}, "seq": {}, "fused": {}, "padded": {}, "triton": __import__("triton").__version__}
     for name, case in GC.standard_cases().items():
         for dt in DTYPES:
             key = f"{name}|{dt}"
@@ -76,6 +76,13 @@ def _worker() -> dict:
                 out["seq"][f"{seed}|{dt}"] = GH.spec_sequence_check(X, seed, getattr(torch, dt))
             except Exception as exc:  # noqa: BLE001
                 out["seq"][f"{seed}|{dt}"] = {"error": f"{type(exc).__name__}: {exc}"}
+    for name, pair in GC.padded_row_cases().items():  # zero-token rows carrying garbage indices / counts
+        for dt in DTYPES:
+            try:
+                GH.assert_close(GH.padded_compare(X, pair, getattr(torch, dt)), getattr(torch, dt))
+                out["padded"][f"{name}|{dt}"] = {"ok": True}
+            except Exception as exc:  # noqa: BLE001
+                out["padded"][f"{name}|{dt}"] = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
     cases = GC.standard_cases()
     for name in FUSED_CASES:
         for dt in DTYPES:
@@ -156,6 +163,20 @@ def test_triton_interp_spec_sequence_equals_plain_pass(interp, seed, dtype):
 @pytest.mark.parametrize("name", FUSED_CASES)
 def test_triton_interp_fused_gating_recurrence(interp, name, dtype):
     r = interp["fused"][f"{name}|{dtype}"]
+    assert r["ok"], r.get("error")
+
+
+def _padded_names():
+    from vllm_platform_ext.testing import gdn_cases as GC
+
+    return [f"{n}|{dt}" for n in sorted(GC.padded_row_cases()) for dt in DTYPES]
+
+
+@pytest.mark.parametrize("name", _padded_names())
+def test_triton_interp_ignores_padded_rows_with_garbage_indices(interp, name):
+    """As the torch op's test: padded rows with state indices of -1 / 10**6 / the null block and accepted
+    counts of 0 / -1 / 10**6 change nothing (outputs and the whole state pool as the reference without them)."""
+    r = interp["padded"][name]
     assert r["ok"], r.get("error")
 
 

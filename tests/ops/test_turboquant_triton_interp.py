@@ -140,6 +140,38 @@ def test_triton_kernel_equals_reference_under_interpreter():
         assert r["zero_rows"] == 0.0, r  # padded request and rows that see no position
 
 
+def _padded_check() -> dict:
+    """Padded requests (seq_len 0) and the unused tail of a short request's block-table row holding -1 and
+    10**6, as a padded batch or a bad draft's row may leave them (issue 51): the Triton kernel (v1, v2) and
+    the CPU op (the reference) against the reference on the same table with that garbage set to 0."""
+    from vllm_platform_ext.ops.turboquant import triton_verify as TV
+
+    hk, res = 2, []
+    for d, preset, k1 in ((32, "turboquant_k8v4", 4), (64, "turboquant_k8v4", 4), (64, "turboquant_3bit_nc", 2)):
+        view, c, H = _cache(preset, d, hk)
+        sl = torch.tensor([k1 + 20, 0, 0, k1 + 3], dtype=torch.int32)  # real, two padded, real (one block)
+        bt = torch.tensor([[1, 2, -1, 10**6] + [-1] * 4, [-1] * 8, [10**6] * 8, [5, -1, 10**6] + [-1] * 5],
+                          dtype=torch.int32)
+        clean = torch.where((bt < 0) | (bt >= view.shape[0]), torch.zeros_like(bt), bt)
+        q = torch.randn(4 * k1, hk * 3, d)
+        args = dict(preset=preset, scale=d**-0.5, centroids=c, PiT=H)
+        ref = R.turboquant_verify_attention_reference(q, view, clean, sl, k1, **args)
+        cpu = R.turboquant_verify_attention_reference(q, view, bt, sl, k1, **args)
+        out = TV.turboquant_verify_attention(q, view, bt, sl, k1, num_kv_splits=2, **args)
+        real = torch.cat([torch.arange(k1), torch.arange(3 * k1, 4 * k1)])
+        den = ref.abs().max().item()
+        res.append({"case": [d, preset, k1], "rel_err": float((out - ref)[real].abs().max()) / den,
+                    "cpu_err": float((cpu - ref).abs().max()) / den,
+                    "padded_rows": float(out[k1: 3 * k1].abs().max()), "finite": bool(torch.isfinite(out).all())})
+    return {"results": res}
+
+
+def test_padded_rows_with_garbage_block_tables_under_interpreter():
+    for r in _interpreted("--padded", 600):
+        assert r["finite"] and r["rel_err"] < 3e-3 and r["cpu_err"] == 0.0, r
+        assert r["padded_rows"] == 0.0, r
+
+
 # ---------------------------------------------------------------------------------------
 # argument checks (no launch)
 # ---------------------------------------------------------------------------------------
@@ -376,6 +408,8 @@ if __name__ == "__main__" and "--interp" in sys.argv:
     print(json.dumps(_interp_check()))
 if __name__ == "__main__" and "--stage2" in sys.argv:
     print(json.dumps(_stage2_check()))
+if __name__ == "__main__" and "--padded" in sys.argv:
+    print(json.dumps(_padded_check()))
 
 
 

@@ -116,6 +116,14 @@ SUITES: dict[str, list[Cell]] = {
     # Qwen3.5 MoE, plugin on and off (8 engines, each on both GPUs: --parallel 2 at most)
     "tp2": [Cell(m, "mtp", 3, kv, "full", p, tp=2) for m in ("qwen3_next", "qwen3_5_moe")
             for kv in ("auto", "turboquant_k8v4") for p in (True, False)],
+    # bad draft ids (issue 51 item 2; Genesis PN402 / vLLM #46574): with the plant of tests/fixtures/plant in
+    # every engine (--engine-env {"PYTHONPATH": "<project>/tests/fixtures/plant:<project>",
+    # "VPE_TEST_PLANT": "bad-draft-ids"}) a third of the draft slots hold -1 / vocab-sized ids. FULL graphs,
+    # async scheduling as the lines default it for MTP; the last cell is vLLM's own code (the group off): an
+    # illegal memory access or device assert is what it shows, not a token audit
+    "bad-draft": [Cell("qwen3_next", "mtp", 3, "auto"), Cell("qwen3_next", "mtp", 3, "turboquant_k8v4"),
+                  Cell("qwen3_next", "ngram", 3, "turboquant_k8v4"), Cell("qwen3_5", "mtp", 3, "turboquant_k8v4"),
+                  Cell("qwen3_next", "mtp", 3, "auto", disable="spec.draft_ids_in_vocab")],
     # vLLM's defaults (prefix caching on: the mamba cache in "align" mode) with speculation (issue 30)
     "prefix": [Cell(m, mode, k, "auto", "full_and_piecewise", p, prefix_caching=True)
                for m in ("qwen3_next", "qwen3_5") for mode, k in (("mtp", 3), ("ngram", 3)) for p in (True, False)],

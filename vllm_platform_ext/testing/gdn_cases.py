@@ -246,3 +246,50 @@ def bad_input_cases() -> dict[str, tuple[dict, str]]:
                                   "outside"),
         "gating-shape": (ov(G(19, T=3, HV=2), b=lambda t: t[:, :1]), "a and b"),
     }
+
+
+# Garbage that padded rows (zero tokens: query_start_loc repeats its last value) may carry where a proposer or
+# a padded batch leaves them: state/cache indices of -1 (vLLM's old PAD_SLOT_ID), far past the pool, the null
+# block; accepted counts of 0, -1 and far past k+1. vLLM pads with the null block and 1 accepted; the ops must
+# not read (or write) through any of these.
+PAD_INDICES = (-1, 10**6, None)  # None: the case's null block
+PAD_ACCEPTED = (0, -1, 10**6)
+
+
+def _pad_rows(case: dict) -> dict:
+    """``case`` with one zero-token row per :data:`PAD_INDICES` entry appended, carrying that index and
+    the matching :data:`PAD_ACCEPTED` count."""
+    c = dict(case)
+    n_pad = len(PAD_INDICES)
+    null = case["null_block_id"]
+    pads = [null if p is None else p for p in PAD_INDICES]
+    qsl = case["query_start_loc"]
+    c["query_start_loc"] = torch.cat([qsl, qsl[-1:].repeat(n_pad)])
+    for name in ("state_indices", "conv_state_indices", "cache_indices"):
+        if name in case:
+            t = case[name]
+            rows = torch.tensor(pads, dtype=t.dtype)
+            if t.dim() == 2:
+                rows = rows[:, None].expand(-1, t.shape[1])
+            c[name] = torch.cat([t, rows])
+    if case.get("num_accepted_tokens") is not None:
+        t = case["num_accepted_tokens"]
+        c["num_accepted_tokens"] = torch.cat([t, torch.tensor(PAD_ACCEPTED, dtype=t.dtype)])
+    if case.get("has_initial_state") is not None:
+        t = case["has_initial_state"]
+        c["has_initial_state"] = torch.cat([t, torch.ones(n_pad, dtype=t.dtype)])
+    return c
+
+
+def padded_row_cases() -> dict[str, tuple[dict, dict]]:
+    """Named (case, the case with garbage-carrying padded rows appended): an op must give the padded case
+    the case's outputs and states (the reference runs the case without them)."""
+    P, U, Rc = make_conv_prefill_case, make_conv_update_case, make_recurrent_case
+    base = {
+        "rec-spec": Rc(70, num_spec=3, lengths=[4, 2, 4, 1], accepted=[2, 4, 1, 3]),
+        "rec-plain": Rc(72, spec=False, lengths=[1, 5, 1], init=[True, False, True]),
+        "update-spec": U(73, num_spec=3, lengths=[4, 1, 3], accepted=[1, 4, 2]),
+        "update-spec-transposed": U(74, num_spec=2, lengths=[3, 3], accepted=[2, 3], transposed=True),
+        "prefill": P(75, lengths=[6, 2, 9], init=[True, False, True]),
+    }
+    return {name: (c, _pad_rows(c)) for name, c in base.items()}

@@ -307,3 +307,16 @@ def fused_gating_compare(fn: Callable, case: dict, dtype: torch.dtype, device="c
     ref_out = _call(recurrent_gated_delta_rule, "recurrent_gated_delta_rule", r_args)
     return {"op": "recurrent_gated_delta_rule", "out": _err(out, ref_out), "out_dtype": str(out.dtype),
             "state": _err(args["ssm_states"], r_args["ssm_states"])}
+
+
+def padded_compare(impl: Any, pair: tuple[dict, dict], dtype: torch.dtype, device="cpu") -> dict:
+    """:func:`run_and_compare`'s errors of ``impl`` on the padded case of ``pair``
+    (:func:`gdn_cases.padded_row_cases`) against the reference on the case without the padded rows:
+    the outputs and the whole state pool must be the same."""
+    case, padded = pair
+    op = case["op"]
+    out, args = call_op(impl, padded, dtype, device)
+    ref_out, ref_args = reference_run(case, dtype)
+    st = _STATE_ARG[op]
+    return {"op": op, "ssm_dtype": str(torch.float32), "out": _err(out, ref_out), "out_dtype": str(out.dtype),
+            "state": _err(args[st], ref_args[st])}
