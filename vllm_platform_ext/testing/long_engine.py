@@ -70,6 +70,7 @@ def resolved_settings(llm) -> dict:
         "max_num_seqs": int(sc.max_num_seqs),
         "block_size": int(cc.block_size),
         "num_blocks": int(cc.num_gpu_blocks or 0),
+        "kv_cache_size_tokens": int(getattr(cc, "kv_cache_size_tokens", 0) or 0),  # what the pool holds (all groups)
         "kv_cache_dtype": str(cc.cache_dtype),
         "max_model_len": int(mc.max_model_len),
         "enforce_eager": bool(mc.enforce_eager),
@@ -197,6 +198,38 @@ def drive(llm, prompts: list, arrivals: list, sp) -> tuple[dict, list]:
     return done, reqs
 
 
+def tokens_per_block(model: str, cell: dict) -> float:
+    """KV tokens one block holds for this cell's engine (the KV cache groups share the pool): from an engine
+    built with the cell's arguments and vLLM's KV size, shut down again."""
+    from vllm import LLM
+
+    kw = engine_kwargs(model, cell)
+    kw.pop("num_gpu_blocks_override", None)
+    _guard_vllm_kernel_rescan()
+    llm = LLM(**kw)
+    try:
+        s = resolved_settings(llm)
+    finally:
+        _shutdown(llm)
+    if not s["kv_cache_size_tokens"] or not s["num_blocks"]:
+        raise RuntimeError("this vLLM reports no kv_cache_size_tokens: give the cell num_gpu_blocks_override")
+    return s["kv_cache_size_tokens"] / s["num_blocks"]
+
+
+def with_kv_tokens(model: str, cell: dict, per_block: dict) -> dict:
+    """A cell whose ``engine`` names ``kv_tokens`` gets ``num_gpu_blocks_override`` holding that many tokens
+    (``per_block``: tokens a block holds, by speculative method, from cells that ran before in this process)."""
+    eng = dict(cell.get("engine") or {})
+    want = eng.pop("kv_tokens", None)
+    if want is None:
+        return cell
+    key = cell["mode"]
+    if key not in per_block:
+        per_block[key] = tokens_per_block(model, {**cell, "engine": eng})
+    eng["num_gpu_blocks_override"] = max(1, round(int(want) / per_block[key]))
+    return {**cell, "engine": eng}
+
+
 def run_cell(model: str, prompts: list, cell: dict, max_tokens: int, logprobs: int = 20) -> CellRun:
     apply_engine_env()
     from vllm import LLM, SamplingParams
@@ -229,10 +262,14 @@ def _worker(job_path: str, out_path: str) -> int:
     with open(job_path) as f:
         job = json.load(f)
     apply_engine_env()
-    runs = []
+    runs, per_block = [], {}
     for cell in job["cells"]:
         try:
+            cell = with_kv_tokens(job["model"], cell, per_block)
             run = run_cell(job["model"], job["prompts"], cell, job["max_tokens"], job.get("logprobs", 20))
+            s = run.settings
+            if s.get("kv_cache_size_tokens") and s.get("num_blocks") and "num_gpu_blocks_override" not in cell["engine"]:
+                per_block.setdefault(cell["mode"], s["kv_cache_size_tokens"] / s["num_blocks"])
         except Exception as exc:  # the next cell still runs: the results say which broke
             import traceback
 
