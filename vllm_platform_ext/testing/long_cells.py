@@ -200,6 +200,8 @@ def judge(cell: LongCell, run: dict, floor, audit) -> dict:
         return {**res, "passed": False, "why": (run.get("error") or "no audit")[:2000]}
     crit, problems = judged(audit, floor, require_drift=True)
     res["criteria"] = [c.text() for c in crit]
+    res["bad"] = [{"measure": c.measure, "nats": c.nats, "count": c.count, "floor": c.floor_bf16, "limit": c.limit,
+                   "positions": c.positions} for c in crit]
     res["first_bad"] = audit.first_bad()
     for r, fb in zip(res["requests"], res["first_bad"]):
         r["first_bad"] = fb
@@ -219,21 +221,26 @@ def make_kit(kind: str, dims: str, out: Path) -> Path:
 def markdown_rows(results: list[dict]) -> list[str]:
     head = ("| cell | path | passed | async | prefix caching (mamba mode) | chunked | budget / block | KV blocks | "
             "preemptions | hits / queried | steps | tokens/step | max reqs/step | mixed steps | accepted / drafted | "
-            "> 0.5, > 0.1, drift (limit) | first bad per request |")
+            "bad > 0.5 / > 0.1 / drift > 0.2 (limit; floor) | first bad per request |")
     rows = [head, "|" + "---|" * (head.count("|") - 1)]
     for r in results:
         s, c, st = r.get("settings") or {}, r.get("counters") or {}, r.get("steps") or {}
         if not s:
             rows.append(f"| {r['name']} | {r.get('path', '')} | no | | | | | | | | | | | | | {r.get('why', '')[:120]} | |")
             continue
-        crit = ", ".join(x.split(":")[0] if ":" in x else x for x in r.get("criteria", []))
+        bad = r.get("bad") or []
+        crit = " / ".join(str(b["count"]) for b in bad) + (f" of {bad[0]['positions']} ({bad[0]['limit']}; "
+                                                            f"{'/'.join(str(b['floor']) for b in bad)})" if bad else "")
+        first = r.get("first_bad") or []
+        first = "none" if first and all(f is None for f in first) else first
         rows.append(
             f"| {r['name']} | {r.get('path', '')} | {'yes' if r['passed'] else 'NO'} | {s['async_scheduling']} | "
             f"{s['enable_prefix_caching']} ({s['mamba_cache_mode']}) | {s['enable_chunked_prefill']} | "
-            f"{s['max_num_batched_tokens']} / {s['block_size']} | {s['num_blocks']} | {c.get('preemptions')} | "
+            f"{s['max_num_batched_tokens']} / {s['block_size']} | {s['num_blocks']} ({s.get('kv_cache_size_tokens')}) | "
+            f"{c.get('preemptions')} | "
             f"{c.get('prefix_cache_hits')} / {c.get('prefix_cache_queries')} | {st.get('engine_steps')} | "
             f"{st.get('tokens_per_step')} | {st.get('max_requests_per_step')} | {st.get('mixed_steps')} | "
-            f"{c.get('num_accepted_tokens')} / {c.get('num_draft_tokens')} | {crit} | {r.get('first_bad')} |")
+            f"{c.get('num_accepted_tokens')} / {c.get('num_draft_tokens')} | {crit} | {first} |")
     return rows
 
 
