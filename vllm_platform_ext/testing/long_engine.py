@@ -198,9 +198,9 @@ def drive(llm, prompts: list, arrivals: list, sp) -> tuple[dict, list]:
     return done, reqs
 
 
-def tokens_per_block(model: str, cell: dict) -> float:
-    """KV tokens one block holds for this cell's engine (the KV cache groups share the pool): from an engine
-    built with the cell's arguments and vLLM's KV size, shut down again."""
+def pool_facts(model: str, cell: dict) -> dict:
+    """The resolved settings of an engine built with this cell's arguments and vLLM's KV size, shut down again:
+    what a block holds (``kv_cache_size_tokens / num_blocks``) and the block size, for cells given in tokens."""
     from vllm import LLM
 
     kw = engine_kwargs(model, cell)
@@ -208,25 +208,29 @@ def tokens_per_block(model: str, cell: dict) -> float:
     _guard_vllm_kernel_rescan()
     llm = LLM(**kw)
     try:
-        s = resolved_settings(llm)
+        return resolved_settings(llm)
     finally:
         _shutdown(llm)
-    if not s["kv_cache_size_tokens"] or not s["num_blocks"]:
-        raise RuntimeError("this vLLM reports no kv_cache_size_tokens: give the cell num_gpu_blocks_override")
-    return s["kv_cache_size_tokens"] / s["num_blocks"]
 
 
-def with_kv_tokens(model: str, cell: dict, per_block: dict) -> dict:
-    """A cell whose ``engine`` names ``kv_tokens`` gets ``num_gpu_blocks_override`` holding that many tokens
-    (``per_block``: tokens a block holds, by speculative method, from cells that ran before in this process)."""
+def resolve_cell(model: str, cell: dict, facts: dict) -> dict:
+    """A cell whose ``engine`` names ``kv_tokens`` gets ``num_gpu_blocks_override`` holding that many tokens, one
+    naming ``budget_blocks`` a ``max_num_batched_tokens`` of that many blocks (``facts``: by speculative method, the
+    resolved settings of a cell that ran before in this process without an override; else a calibration engine)."""
     eng = dict(cell.get("engine") or {})
-    want = eng.pop("kv_tokens", None)
-    if want is None:
+    want, blocks = eng.pop("kv_tokens", None), eng.pop("budget_blocks", None)
+    if want is None and blocks is None:
         return cell
     key = cell["mode"]
-    if key not in per_block:
-        per_block[key] = tokens_per_block(model, {**cell, "engine": eng})
-    eng["num_gpu_blocks_override"] = max(1, round(int(want) / per_block[key]))
+    if key not in facts:
+        facts[key] = pool_facts(model, {**cell, "engine": eng})
+    f = facts[key]
+    if want is not None:
+        if not f["kv_cache_size_tokens"] or not f["num_blocks"]:
+            raise RuntimeError("this vLLM reports no kv_cache_size_tokens: give the cell num_gpu_blocks_override")
+        eng["num_gpu_blocks_override"] = max(1, round(int(want) * f["num_blocks"] / f["kv_cache_size_tokens"]))
+    if blocks is not None:
+        eng["max_num_batched_tokens"] = int(blocks) * f["block_size"]
     return {**cell, "engine": eng}
 
 
@@ -262,14 +266,14 @@ def _worker(job_path: str, out_path: str) -> int:
     with open(job_path) as f:
         job = json.load(f)
     apply_engine_env()
-    runs, per_block = [], {}
+    runs, facts = [], {}
     for cell in job["cells"]:
         try:
-            cell = with_kv_tokens(job["model"], cell, per_block)
+            cell = resolve_cell(job["model"], cell, facts)
             run = run_cell(job["model"], job["prompts"], cell, job["max_tokens"], job.get("logprobs", 20))
             s = run.settings
-            if s.get("kv_cache_size_tokens") and s.get("num_blocks") and "num_gpu_blocks_override" not in cell["engine"]:
-                per_block.setdefault(cell["mode"], s["kv_cache_size_tokens"] / s["num_blocks"])
+            if "num_gpu_blocks_override" not in cell["engine"]:
+                facts.setdefault(cell["mode"], s)
         except Exception as exc:  # the next cell still runs: the results say which broke
             import traceback
 
