@@ -281,6 +281,8 @@ def main(argv=None) -> int:
     r.add_argument("--graphs", default="eager", help="eager | full_and_piecewise | ... (engine.GRAPH_MODES)")
     r.add_argument("--max-tokens", type=int, default=MAX_TOKENS)
     r.add_argument("--kv-tokens", type=int, default=KV_TOKENS, help="the -preempt cells' KV pool in tokens")
+    r.add_argument("--kv-blocks", type=int, default=0, help="the -preempt cells' num_gpu_blocks_override instead (a vLLM "
+                   "line whose cache config has no kv_cache_size_tokens, e.g. 0.23)")
     a = ap.parse_args(argv)
     try:
         cells = select(a.only)
@@ -288,6 +290,8 @@ def main(argv=None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     def engine(e: dict) -> dict:
+        if "kv_tokens" in e and a.kv_blocks:
+            return {**{k: v for k, v in e.items() if k != "kv_tokens"}, "num_gpu_blocks_override": a.kv_blocks}
         return {**e, **({"kv_tokens": a.kv_tokens} if "kv_tokens" in e else {})}
 
     cells = [replace(c, kv=a.kv, graphs=a.graphs, engine=engine(c.engine)) for c in cells]
