@@ -235,14 +235,15 @@ def reference_python() -> str:
 
 def reference_audits(model_dir: str, prompts: list[list[int]], generated: dict, max_tokens: int,
                      python: str | None = None, timeout: float = 3600,
-                     logprobs: dict | None = None) -> tuple[AuditResult, dict]:
+                     logprobs: dict | None = None, env: dict | None = None) -> tuple[AuditResult, dict]:
     """(floor, {key: audit}) for one checkpoint: the bf16 floor over ``max_tokens`` and the float32
     audit of each entry of ``generated`` (key -> one token list per prompt; ``logprobs``: key -> the
     engine's top log-probabilities of those positions, for the entries that have them: their drift
     is audited too), in a separate process
     of ``python`` (default :func:`reference_python`) that reads only the checkpoint and the token
     ids, so the engine's environment and the reference's transformers never meet. Raises
-    ``RuntimeError`` with the reference's own error when it cannot load or audit the model."""
+    ``RuntimeError`` with the reference's own error when it cannot load or audit the model. ``env``: added to
+    the reference process's environment (the long cells give it ``OMP_NUM_THREADS=1``)."""
     python = python or reference_python()
     logprobs = {k: v for k, v in (logprobs or {}).items() if v}
     unknown = sorted(set(logprobs) - set(generated))
@@ -261,7 +262,7 @@ def reference_audits(model_dir: str, prompts: list[list[int]], generated: dict, 
         os.symlink(pkg, os.path.join(tmp, "path", os.path.basename(pkg)))
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(
             [os.path.join(tmp, "path")] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]),
-            "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+            "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", **(env or {})}
         proc = subprocess.run([python, "-m", "vllm_platform_ext.testing.audit", jp, op], env=env,
                               capture_output=True, text=True, timeout=timeout)
         if proc.returncode != 0:

@@ -387,6 +387,7 @@ def make_tiny_model(kind: str, out_dir: str | os.PathLike, seed: int = 0, std: f
         raise ValueError("target='recall' is one committed checkpoint per kind and dims: seed 0, std 0.2, one MTP "
                          "layer, hot_tokens 8, cold_scale 0.05, mtp 'random' (it carries its own distilled MTP)")
     cfg = config_dict(kind, std=std, mtp_layers=mtp_layers, dims=dims)
+    cfg["max_position_embeddings"] = int(max_positions)  # the multimodal kinds' text config too (RoPE only)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     if kind in CONDITIONAL:
