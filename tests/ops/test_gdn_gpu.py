@@ -158,3 +158,14 @@ def test_gpu_cuda_graph_replay_with_changing_metadata(X):
             err = float((f64(got) - want).abs().max())
             assert err <= tol * max(1.0, float(want.abs().max())), (it, lens.tolist(), err)
     assert {0, 1, S} <= seen, seen
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).split(".")[-1])
+@pytest.mark.parametrize("name", sorted(GC.padded_row_cases()))
+def test_gpu_ignores_padded_rows_with_garbage_indices(X, name, dtype):
+    """Zero-token padded rows carrying state indices of -1 / 10**6 / the null block and accepted
+    counts of 0 / -1 / 10**6 (what a padded batch or a bad draft's row may leave; issue 51) change
+    nothing: outputs and the whole state pool equal the reference run without them. On the GPU an
+    unmasked read of such an index is an out-of-bounds access (run under compute-sanitizer to see it);
+    on the CPU the interpreter test can only see a wrong value."""
+    GH.assert_close(GH.padded_compare(X, GC.padded_row_cases()[name], dtype, "cuda"), dtype)

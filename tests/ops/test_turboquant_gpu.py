@@ -674,3 +674,34 @@ def test_inference_tensors_under_graph_capture(preset):
             torch.cuda.synchronize()
             ref = R.turboquant_verify_attention_reference(q.float(), view, bt, sl, k1, **args)
             assert rel_err(out, ref) < 1e-2, (preset, step)
+
+
+@pytest.mark.parametrize("preset", ["turboquant_k8v4", "turboquant_3bit_nc"])
+@pytest.mark.parametrize("k1", [1, 4])
+def test_padded_rows_with_garbage_block_tables(preset, k1):
+    """Padded requests (seq_len 0) and the unused tail of a short request's block-table row holding -1 and
+    10**6, as a padded batch or a bad draft's row may leave them (issue 51): the op's rows of the real
+    requests equal the reference on the same table with that garbage set to 0, padded rows are 0, and no
+    block outside the cache is read (compute-sanitizer's memcheck sees one that is)."""
+    _need_cuda()
+    torch.manual_seed(0)
+    d, hk, nb, page = 128, 2, 8, PAGE
+    lay = L.layout_for(preset, d)
+    c, H = L.lloyd_max_centroids(d, lay.centroid_bits), L.hadamard(d)
+    view = torch.zeros(nb, hk, page, lay.slot_size_aligned, dtype=torch.uint8).transpose(1, 2)
+    R.tq_store_reference(torch.randn(nb * page, hk, d), torch.randn(nb * page, hk, d), view, torch.arange(nb * page),
+                         preset, PiT=H, centroids=c)
+    sl = torch.tensor([k1 + 20, 0, 0, k1 + 3], dtype=torch.int32)  # real, two padded, real (one block)
+    bt = torch.tensor([[1, 2, -1, 10**6] + [-1] * 4, [-1] * 8, [10**6] * 8, [5, -1, 10**6] + [-1] * 5],
+                      dtype=torch.int32)
+    clean = torch.where((bt < 0) | (bt >= nb), torch.zeros_like(bt), bt)
+    q = torch.randn(4 * k1, hk * 3, d)
+    args = dict(preset=preset, scale=d**-0.5, centroids=c, PiT=H)
+    ref = R.turboquant_verify_attention_reference(q, view, clean, sl, k1, **args)
+    cuda = dict(preset=preset, scale=d**-0.5, centroids=c.cuda(), PiT=H.cuda())
+    out = TV.turboquant_verify_attention(q.cuda(), view.cuda(), bt.cuda(), sl.cuda(), k1, **cuda).cpu()
+    torch.cuda.synchronize()
+    real = torch.cat([torch.arange(k1), torch.arange(3 * k1, 4 * k1)])
+    assert torch.isfinite(out).all()
+    assert rel_err(out[real], ref[real]) < 3e-3
+    assert out[k1: 3 * k1].abs().max().item() == 0.0
