@@ -144,6 +144,26 @@ def line_source(key: tuple[int, int]) -> str:
     return str(load_tool("ci/tools/vllm_lines.py").extract(table_wheel(key), schemas.TABLE_SOURCES[key]["vllm"]))
 
 
+def run_line_child(key: tuple[int, int], argv: list[str], extra_env: dict | None = None,
+                   deps: bool = False) -> dict:
+    """Run ``argv`` (a child script or ``-c CODE`` and its arguments) under this interpreter with line
+    ``key``'s own Python first on ``PYTHONPATH`` (:func:`line_source`; ``deps``: also what 0.22-0.25
+    import that this venv lacks), offline, the plugin's own switches cleared unless ``extra_env`` sets
+    them; returns the JSON of its last ``JSON`` line, checked to come from the line's wheel."""
+    import json
+
+    root = line_source(key)
+    paths = [root, REPO] + ([str(load_tool("ci/tools/vllm_lines.py").DEPS_DIR)] if deps else [])
+    env = {k: v for k, v in os.environ.items() if not k.startswith("VLLM_PLATFORM_EXT_")}
+    env.update(PYTHONPATH=os.pathsep.join(paths), HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", **(extra_env or {}))
+    proc = subprocess.run([sys.executable, *argv], capture_output=True, text=True, env=env, cwd=root, timeout=600)
+    out = [ln for ln in proc.stdout.splitlines() if ln.startswith("JSON")]
+    assert proc.returncode == 0 and out, f"vLLM {key}: rc={proc.returncode}\n{proc.stderr[-4000:]}"
+    got = json.loads(out[-1][4:])
+    assert got["file"].startswith(root), f"the installed vLLM answered, not the line's wheel: {got['file']}"
+    return got
+
+
 def _gpu_tier(items: list) -> tuple[list, list]:
     """(kept, deselected) under ``VPE_GPU_TIER`` / ``VPE_GPU_SHARD`` (``ci/gpu/run.sh --do
     kernels-quick`` / ``--kernel-shard i/n``). quick: each test function's first case, so every

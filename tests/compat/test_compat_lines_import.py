@@ -19,14 +19,11 @@ failure: those lines' CPU GDN op has no speculative path, which its probe now sa
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import zipfile
 
 import pytest
 
-from conftest import REPO, line_source, table_wheel
+from conftest import run_line_child, table_wheel
 from vllm_platform_ext.compat import schemas
 
 LINES = [(0, 22), (0, 23), (0, 24), (0, 25), (0, 26), (0, 32), (0, 33)]
@@ -68,18 +65,8 @@ def _is_rocm(name: str) -> bool:
 
 
 @pytest.fixture(scope="module", params=LINES, ids=lambda k: f"vllm-{k[0]}.{k[1]}")
-def line(request, tmp_path_factory):
-    key = request.param
-    root = line_source(key)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("VLLM_PLATFORM_EXT_")}
-    env.update(PYTHONPATH=os.pathsep.join([root, REPO]), HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
-    proc = subprocess.run([sys.executable, "-c", CHILD, json.dumps(MTP_PATH)], capture_output=True, text=True,
-                          env=env, cwd=root, timeout=600)
-    out = [ln for ln in proc.stdout.splitlines() if ln.startswith("JSON")]
-    assert proc.returncode == 0 and out, f"vLLM {key}: rc={proc.returncode}\n{proc.stderr[-4000:]}"
-    got = json.loads(out[-1][4:])
-    assert got["file"].startswith(root), f"the installed vLLM answered, not the line's wheel: {got['file']}"
-    return key, got
+def line(request):
+    return request.param, run_line_child(request.param, ["-c", CHILD, json.dumps(MTP_PATH)])
 
 
 def test_the_lines_own_python_without_its_kernel_library(line):

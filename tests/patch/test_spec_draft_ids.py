@@ -12,15 +12,11 @@ tests/testing/test_bad_draft_ids.py.
 """
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from conftest import REPO, line_source, load_tool
+from conftest import run_line_child
 
 LINES = [(0, 22), (0, 23), (0, 24), (0, 25), (0, 26), (0, 32), (0, 33)]
 CHILD = Path(__file__).with_name("draft_ids_line_child.py")
@@ -31,17 +27,7 @@ ON_IDS = [11, 0, 0, 5, 12, 0, 0, 0]
 
 @pytest.fixture(scope="module", params=LINES, ids=lambda k: f"vllm-{k[0]}.{k[1]}")
 def line(request):
-    key = request.param
-    root = line_source(key)
-    deps = load_tool("ci/tools/vllm_lines.py").DEPS_DIR
-    env = {k: v for k, v in os.environ.items() if not k.startswith("VLLM_PLATFORM_EXT_")}
-    env.update(PYTHONPATH=os.pathsep.join([root, REPO, str(deps)]), HF_HUB_OFFLINE="1")
-    proc = subprocess.run([sys.executable, str(CHILD)], capture_output=True, text=True, env=env, cwd=root, timeout=600)
-    out = [ln for ln in proc.stdout.splitlines() if ln.startswith("JSON")]
-    assert proc.returncode == 0 and out, f"vLLM {key}: rc={proc.returncode}\n{proc.stderr[-4000:]}"
-    got = json.loads(out[-1][4:])
-    assert got["file"].startswith(root), f"the installed vLLM answered, not the line's wheel: {got['file']}"
-    return key, got
+    return request.param, run_line_child(request.param, [str(CHILD)], deps=True)
 
 
 def test_line_contract_and_probe(line):

@@ -30,16 +30,12 @@ in the engine). Found on 0.22-0.26 and 0.33 (0.32 shares those files):
 """
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 import zipfile
 from pathlib import Path
 
 import pytest
 
-from conftest import REPO, line_source, load_tool, table_wheel
+from conftest import run_line_child, table_wheel
 
 LINES = [(0, 22), (0, 23), (0, 24), (0, 25), (0, 26), (0, 33)]
 CHILD = Path(__file__).with_name("mtp_layer_child.py")
@@ -53,18 +49,9 @@ QUANT_MOE = {"gptq_dynamic_fallback": "MoeWNA16Method", "gptq_shipped_marlin": "
 
 @pytest.fixture(scope="module", params=LINES, ids=lambda k: f"vllm-{k[0]}.{k[1]}")
 def line(request):
-    key = request.param
-    root = line_source(key)
-    deps = load_tool("ci/tools/vllm_lines.py").DEPS_DIR
-    env = {k: v for k, v in os.environ.items() if not k.startswith("VLLM_PLATFORM_EXT_")}
-    env.update(PYTHONPATH=os.pathsep.join([root, REPO, str(deps)]), HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
-               VLLM_PLATFORM_EXT_DISABLE=f"{GROUP},{KERNEL_GROUP},{INC_GROUP}")  # off first; the child applies them after
-    proc = subprocess.run([sys.executable, str(CHILD)], capture_output=True, text=True, env=env, cwd=root, timeout=600)
-    out = [ln for ln in proc.stdout.splitlines() if ln.startswith("JSON")]
-    assert proc.returncode == 0 and out, f"vLLM {key}: rc={proc.returncode}\n{proc.stderr[-4000:]}"
-    got = json.loads(out[-1][4:])
-    assert got["file"].startswith(root), f"the installed vLLM answered, not the line's wheel: {got['file']}"
-    return key, got
+    # the groups off first; the child applies them after
+    return request.param, run_line_child(request.param, [str(CHILD)], deps=True,
+                                         extra_env={"VLLM_PLATFORM_EXT_DISABLE": f"{GROUP},{KERNEL_GROUP},{INC_GROUP}"})
 
 
 def test_with_the_group_mtp_layers_unquantized_target_layers_quantized(line):

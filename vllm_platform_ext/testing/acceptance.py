@@ -93,16 +93,26 @@ _SPEC_COUNTERS = {
 PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos"
 
 
-def spec_counters(llm) -> dict:
-    """vLLM's speculative counters (summed over engines), and the accepted count per draft position."""
-    out = {v: 0 for v in _SPEC_COUNTERS.values()}
+def spec_counters(llm, names: dict | None = None) -> dict:
+    """vLLM's speculative counters (summed over engines), and the accepted count per draft position.
+    ``names``: vLLM counter name -> the key kept (default: the speculative ones and the prefix hits)."""
+    names = _SPEC_COUNTERS if names is None else names
+    out = {v: 0 for v in names.values()}
     per_pos: list = []
     for m in llm.get_metrics():
-        key = _SPEC_COUNTERS.get(m.name)
+        key = names.get(m.name)
         if key is not None:
             out[key] += int(getattr(m, "value", 0))
         elif m.name == PER_POS:  # a vector, one entry per draft position
             vals = [int(v) for v in getattr(m, "values", [])]
             per_pos = [a + b for a, b in zip(per_pos, vals)] + vals[len(per_pos):] if per_pos else vals
     out["accepted_per_pos"] = per_pos
+    return out
+
+
+def counter_delta(before: dict, after: dict) -> dict:
+    """What a run added to :func:`spec_counters`' counts (``after`` less ``before``), per draft position too."""
+    out = {k: after[k] - before.get(k, 0) for k in after if k != "accepted_per_pos"}
+    pb = before.get("accepted_per_pos", []) + [0] * len(after["accepted_per_pos"])
+    out["accepted_per_pos"] = [a - b for a, b in zip(after["accepted_per_pos"], pb)]
     return out

@@ -15,7 +15,7 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 
-from vllm_platform_ext.testing.acceptance import spec_counters  # noqa: F401 (engine.spec_counters)
+from vllm_platform_ext.testing.acceptance import counter_delta, spec_counters  # noqa: F401 (engine.spec_counters)
 from vllm_platform_ext.testing import wna16_fallback
 from vllm_platform_ext.testing.ranks import apply_tp_env, rank_state, route_states
 from vllm_platform_ext.testing.subproc import run_group
@@ -343,11 +343,7 @@ def timed_generate(llm, prompts: list[list[int]], sp, warmup_runs: int = 0) -> t
     t0 = time.perf_counter()
     outs = llm.generate(batch, sp, use_tqdm=False)
     gen_s = time.perf_counter() - t0
-    after = spec_counters(llm)
-    delta = {k: after[k] - before[k] for k in after if k != "accepted_per_pos"}
-    pb = before["accepted_per_pos"] + [0] * (len(after["accepted_per_pos"]) - len(before["accepted_per_pos"]))
-    delta["accepted_per_pos"] = [a - b for a, b in zip(after["accepted_per_pos"], pb)]
-    return outs, gen_s, delta
+    return outs, gen_s, counter_delta(before, spec_counters(llm))
 
 
 def _top_logprobs(completion) -> list:

@@ -20,6 +20,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field
 
+from vllm_platform_ext.testing.acceptance import counter_delta, spec_counters
 from vllm_platform_ext.testing.engine import (EngineConfig, _guard_vllm_kernel_rescan, _shutdown, _top_logprobs,
                                               accelerator_engine_kwargs, apply_engine_env, engine_path,
                                               model_engine_kwargs, plugin_patch_status)
@@ -32,27 +33,10 @@ COUNTERS = {  # vLLM's Prometheus counters a cell records (summed over engines),
     "vllm:spec_decode_num_draft_tokens": "num_draft_tokens",
     "vllm:spec_decode_num_accepted_tokens": "num_accepted_tokens",
 }
-PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos"
 
 
 def counters(llm) -> dict:
-    out = {v: 0 for v in COUNTERS.values()}
-    per_pos: list = []
-    for m in llm.get_metrics():
-        if m.name in COUNTERS:
-            out[COUNTERS[m.name]] += int(getattr(m, "value", 0))
-        elif m.name == PER_POS:
-            vals = [int(v) for v in getattr(m, "values", [])]
-            per_pos = [a + b for a, b in zip(per_pos, vals)] + vals[len(per_pos):]
-    out["accepted_per_pos"] = per_pos
-    return out
-
-
-def counter_delta(before: dict, after: dict) -> dict:
-    out = {k: after[k] - before.get(k, 0) for k in after if k != "accepted_per_pos"}
-    pb = before.get("accepted_per_pos", []) + [0] * len(after["accepted_per_pos"])
-    out["accepted_per_pos"] = [a - b for a, b in zip(after["accepted_per_pos"], pb)]
-    return out
+    return spec_counters(llm, COUNTERS)
 
 
 def resolved_settings(llm) -> dict:
