@@ -76,6 +76,26 @@ def test_unknown_cell_is_named():
         lc.select("mtp3,mtp9")
 
 
+def test_engine_args_reach_every_cell(monkeypatch, tmp_path):
+    """``--engine-args`` (a GPU shared by side-by-side runs) is merged into each cell's LLM arguments, the
+    -preempt cells' pool (tokens or blocks) kept; bad input is named."""
+    seen = {}
+    monkeypatch.setattr(lc, "run_suite", lambda out, cells, *a, **k: seen.setdefault("cells", cells) and [])
+    args = '{"gpu_memory_utilization": 0.05, "kv_cache_memory_bytes": 1024}'
+    assert lc.main(["run", str(tmp_path), "--only", "mtp3,mtp3-preempt", "--engine-args", args]) == 0
+    mtp3, pre = seen.pop("cells")
+    assert mtp3.engine == {"max_model_len": lc.MAX_MODEL_LEN, "gpu_memory_utilization": 0.05, "kv_cache_memory_bytes": 1024}
+    assert pre.engine["kv_tokens"] == lc.KV_TOKENS and pre.engine["kv_cache_memory_bytes"] == 1024
+    assert lc.main(["run", str(tmp_path), "--only", "mtp3-preempt", "--engine-args", args, "--kv-blocks", "7"]) == 0
+    (pre,) = seen.pop("cells")
+    assert pre.engine["num_gpu_blocks_override"] == 7 and "kv_tokens" not in pre.engine
+    assert pre.engine["gpu_memory_utilization"] == 0.05
+    for bad, why in (("{not json", "not JSON"), ("[1]", "JSON object"), ('{"a b": 1}', "JSON object")):
+        with pytest.raises(ValueError, match=why):
+            lc.engine_args(bad)
+    assert lc.main(["run", str(tmp_path), "--engine-args", "[1]"]) == 2
+
+
 def _paths():
     return [p for p in PATHS if unavailable_reason(p) is None]
 

