@@ -19,6 +19,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from vllm_platform_ext import envs
 from vllm_platform_ext.patch import load_check
@@ -108,6 +109,52 @@ def test_check_raises_or_warns_with_the_names_and_the_checkpoint(monkeypatch, ca
     model.b.weight = model.a.weight  # tied: loaded under either name
     assert load_check.unreached(model, {"b.weight", "a.bias", "b.bias"})[0] == []
     assert load_check.unreached(model, {"a.bias", "b.bias"})[0] == ["a.weight"]
+
+
+def test_unqualified_names_resolve_to_the_one_parameter_below():
+    """vLLM 0.25/0.26's MoERunner returns ``experts.w13_weight`` for ``experts.routed_experts.w13_weight``."""
+    from torch import nn
+
+    model = nn.Module()
+    model.experts = nn.Module()
+    model.experts.routed_experts = nn.Module()
+    model.experts.routed_experts.w13_weight = nn.Parameter(torch.empty(2))
+    assert load_check.unreached(model, {"experts.w13_weight"})[0] == []
+    assert load_check.unreached(model, set())[0] == ["experts.routed_experts.w13_weight"]
+    assert load_check.unreached(model, {"w13_weight"})[0] == ["experts.routed_experts.w13_weight"]  # two levels: no
+    model.experts.other = nn.Module()
+    model.experts.other.w13_weight = nn.Parameter(torch.empty(2))  # two fit: neither is taken
+    assert load_check.unreached(model, {"experts.w13_weight"})[0] == ["experts.other.w13_weight",
+                                                                       "experts.routed_experts.w13_weight"]
+
+
+@pytest.mark.parametrize("key", [(0, 23), (0, 25), (0, 26), (0, 32), (0, 33)], ids=lambda k: f"{k[0]}.{k[1]}")
+def test_loaded_names_and_g_idx_on_each_lines_code(key):
+    """On each line's REAL code (tests/patch/load_check_names_child.py): MoERunner.load_weights' names (0.25 and
+    0.26 unqualified, 0.32+ qualified) all reach the expert weights under the rule, and without the rule 0.25/0.26
+    would be refused; a GPTQ/INC linear without act order (has_g_idx False, INC always) is exempt for g_idx, one
+    with act order is not; 0.32+ build no g_idx."""
+    from conftest import run_line_child
+
+    res = run_line_child(key, [os.path.join(REPO, "tests", "patch", "load_check_names_child.py")], deps=key < (0, 26))
+    moe = res["moe"]
+    if key < (0, 25):
+        assert moe is None
+    else:
+        assert moe["names"] == (["w13_weight"] if key in ((0, 25), (0, 26)) else ["routed_experts.w13_weight"])
+        assert moe["ours"] == []
+        assert moe["without_resolution"] == (["experts.routed_experts.w13_weight"] if key < (0, 32) else [])
+    g = res["g_idx"]
+    if key >= (0, 32):
+        assert g == {"has_g_idx_field": False, "builds_g_idx": False}
+        return
+    assert g["builds_g_idx"] and g["kernel_from_desc_act"] and g["kernel_keeps_config"]
+    for kind in ("gptq", "inc") if key >= (0, 24) else ("gptq",):
+        missing, exempt = g[f"{kind}-False"]
+        assert missing == [] and "unused g_idx" in exempt["lin.g_idx"]
+        assert g[f"{kind}-True"][0] == ["lin.g_idx"]
+    if key >= (0, 24):
+        assert g["inc_scheme_inner"] and g["inc_inner_desc_act_false"]
 
 
 # ---- the real CPU engine ----

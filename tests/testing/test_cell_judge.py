@@ -126,3 +126,17 @@ def test_a_batch_floor_family_without_its_spread_run_is_unchecked(monkeypatch):
     assert on.status == "fail" and "the spread run) did not run" in on.error
     assert got["qwen3_5_moe-mtp3-auto-full_and_piecewise-off"].status == "upstream-works"
     assert got["qwen3_next-mtp3-auto-full_and_piecewise-on"].status == "pass"
+
+
+def test_planted_bad_drafts_are_judged_on_one_accepted_draft():
+    """The bad-draft suite's plant rejects a third of the draft slots, so the recall kit's MTP k=3 rule cannot
+    hold there (GPU, 0.26.0: accepted per position [305, 131, 0], 0/896 bad); its cells need one accepted
+    draft, every other recall cell the whole rule."""
+    cell = cell_suites.Cell("qwen3_5", "mtp", 3, "turboquant_k8v4")
+    run = EngineRun(mode="mtp", k=3, num_drafts=459, num_draft_tokens=1377, num_accepted_tokens=436,
+                    accepted_per_pos=[305, 131, 0])
+    planted = cells.judging_kit("recall", {"PYTHONPATH": "x", "VPE_TEST_PLANT": "bad-draft-ids"})
+    assert planted != "recall" and cells.judging_kit("recall", None) == "recall"
+    assert cells.judging_kit("recall", {"VPE_TEST_PLANT": "other"}) == "recall"
+    assert cell_judge.accept_problem(cell, run, planted) is None
+    assert "position 3" in cell_judge.accept_problem(cell, run, "recall")

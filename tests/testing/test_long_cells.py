@@ -11,6 +11,7 @@ import time
 from types import SimpleNamespace
 
 import pytest
+from dataclasses import replace
 
 from vllm_platform_ext.testing import long_cells as lc
 from vllm_platform_ext.testing.cpu_paths import AVX512_BF16, NO_AVX512_BF16, PATHS, env_for, host_path, unavailable_reason
@@ -69,6 +70,34 @@ def test_checks_fail_where_nothing_happened():
             "counters": {**counters, "preemptions": 2, "prefix_cache_hits": 1920}}
     ok = {**lc.checks(lc.CELLS["mtp3-preempt"], good), **lc.checks(lc.CELLS["mtp3"], good)}
     assert [ok[k][0] for k in ("preempted", "mixed", "hits")] == [True, True, True]
+
+
+def test_drift_is_judged_on_bf16_kv_and_recorded_on_turboquant(monkeypatch):
+    """The GPU window of 2026-12-07 (0.26.0, H100): on TurboQuant KV 456 (k8v4) and 3,171 (3bit_nc) of 4,096
+    positions drift past 0.2 nats with 2/4096 tokens past 0.5 nats: the preset's own quantization, judged apart
+    as the cell suites do (cell_judge.judged_criteria); on KV auto drift still fails the cell."""
+    from types import SimpleNamespace as NS
+
+    from vllm_platform_ext.testing import bounds
+
+    def crit(measure, nats, count, ok):
+        return NS(measure=measure, nats=nats, count=count, floor_bf16=0, limit=4, positions=4096, ok=ok,
+                  text=lambda: f"{count} of 4096 {measure} > {nats}")
+
+    monkeypatch.setattr(lc, "judged", lambda audit, floor, **k: (
+        [crit("regret", 0.5, 2, True), crit("regret", 0.1, 2, True), crit("drift", 0.2, 456, False)], []))
+    settings = {"enable_prefix_caching": False, "max_num_batched_tokens": 8192, "block_size": 1056}
+    run = {"name": "mtp3", "settings": settings, "requests": [{}], "patches": {},
+           "counters": {"preemptions": 0, "prefix_cache_hits": 0, "prefix_cache_queries": 0, "num_drafts": 1158,
+                        "num_draft_tokens": 3474, "num_accepted_tokens": 2941, "accepted_per_pos": [1152, 971, 818]},
+           "steps": {"mixed_steps": 2, "max_requests_per_step": 4, "tokens_per_step": 43.5, "resumed_rows": 0}}
+    audit = NS(first_bad=lambda: [None])
+    tq = lc.judge(replace(lc.CELLS["mtp3"], kv="turboquant_k8v4"), run, None, audit)
+    assert tq["passed"], tq["why"]
+    assert tq["recorded"] == ["456 of 4096 drift > 0.2"] and len(tq["criteria"]) == 2
+    auto = lc.judge(lc.CELLS["mtp3"], run, None, audit)
+    assert not auto["passed"] and "456 of 4096 drift" in auto["why"] and auto["recorded"] == []
+    assert bounds.judged is not lc.judged  # the stub stayed in this test
 
 
 def test_unknown_cell_is_named():

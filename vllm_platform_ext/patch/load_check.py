@@ -24,6 +24,12 @@ and then names every parameter that is not in it and that no rule below exempts 
 checked: vLLM builds them with their values, e.g. Attention's ``_k_scale`` = 1.0, never ``torch.empty``). ``VLLM_PLATFORM_EXT_LOAD_CHECK``: ``error`` (default) raises
 :class:`UninitialisedParameters`, ``warn`` logs the same text, ``off`` skips the group.
 
+Names ``model.load_weights`` returns that are no parameter are resolved first (:func:`resolve_loaded`):
+vLLM 0.25 / 0.26's ``MoERunner.load_weights`` returns its ``routed_experts``' names unqualified
+(``...experts.w13_weight`` for ``...experts.routed_experts.w13_weight``; 0.32 prefixes them), so a name
+one module level short of exactly one parameter with its leaf counts for that parameter. Without it every MoE
+model (Qwen3-Next, Qwen3.5/3.6 MoE) was refused on those lines (0.26 CUDA, seen 2026-12-07).
+
 Exemptions (:func:`exemption`), each from the lines' own code, checked on 0.23.0, 0.26.0, 0.32.0:
 
 * ``empty``: a parameter with no elements holds nothing (moe_wna16's ``qzeros`` for symmetric GPTQ);
@@ -35,6 +41,11 @@ Exemptions (:func:`exemption`), each from the lines' own code, checked on 0.23.0
 * ``optional expert bias``: ``w13_bias``/``w2_bias`` that a MoE quant method creates zero-filled and
   drops when not loaded (its class reads ``_loaded_expert_biases``: 0.32's ``AutoGPTQMoEMethod``), and
   only while they are still all zero;
+* ``unused g_idx``: a GPTQ / INC linear whose mixed-precision kernel has no act order
+  (``MPLinearLayerConfig.has_g_idx`` False: ``AutoGPTQLinearMethod`` builds it from ``desc_act``, INC's
+  WNA16 scheme always False) never reads ``g_idx``: Marlin replaces it by an empty tensor after loading,
+  Machete and Exllama read it only with act order. AutoRound's native export writes none (0.26 CUDA, seen
+  2026-12-07 on the native kit);
 * ``shared with the target``: a draft model's (``runner="draft"``) ``embed_tokens``, ``lm_head`` and
   ``shared_head.head``, which ``LLMBaseProposer._maybe_share_embeddings``/``_maybe_share_lm_head``
   replace by the target's after loading: always for MTP models (no ``has_own_*`` attribute), for
@@ -130,7 +141,48 @@ def exemption(model: Any, module: Any, name: str, tensor: Any, draft: bool = Fal
     if (leaf in ("w13_bias", "w2_bias") and method is not None and hasattr(module, "_loaded_expert_biases")
             and _drops_unloaded_biases(type(method)) and not bool(tensor.detach().any())):
         return "optional expert bias"
+    if leaf == "g_idx" and method is not None:
+        cfg = _kernel_config(method)
+        if cfg is not None and cfg.has_g_idx is False:
+            return "unused g_idx: the layer's kernel has no act order (has_g_idx False) and never reads it"
     return shared_with_target(model, name, draft, pp_size)
+
+
+def _kernel_config(method: Any, depth: int = 3) -> Any:
+    """The mixed-precision kernel's layer config (``has_g_idx``) of a linear quant method: GPTQ's
+    ``.kernel``, INC's ``.scheme.inner_method.kernel``; None where there is none."""
+    level = [method]
+    for _ in range(depth):
+        nxt = []
+        for obj in level:
+            cfg = getattr(getattr(obj, "kernel", None), "config", None)
+            if cfg is not None and hasattr(cfg, "has_g_idx"):
+                return cfg
+            nxt += [v for a in ("scheme", "inner_method") if (v := getattr(obj, a, None)) is not None]
+        level = nxt
+    return None
+
+
+def resolve_loaded(loaded: set[str], params: set[str]) -> set[str]:
+    """``loaded`` with each name that is no parameter also read as the one parameter one module level below
+    it with the same leaf (``a.experts.w13_weight`` -> ``a.experts.routed_experts.w13_weight``: vLLM
+    0.25 / 0.26's ``MoERunner.load_weights`` returns its child's names unqualified); a name that fits none or
+    several stays unresolved."""
+    dangling = [n for n in loaded if n not in params and "." in n]
+    if not dangling:
+        return loaded
+    by_leaf: dict[tuple[str, str], list[str]] = {}
+    for p in params:
+        head, _, leaf = p.rpartition(".")
+        parent = head.rpartition(".")[0] if "." in head else ""
+        by_leaf.setdefault((parent, leaf), []).append(p)
+    out = set(loaded)
+    for n in dangling:
+        prefix, _, leaf = n.rpartition(".")
+        found = by_leaf.get((prefix, leaf), [])
+        if len(found) == 1:
+            out.add(found[0])
+    return out
 
 
 def _named_tensors(model: Any) -> Iterable[tuple[str, Any, Any]]:
@@ -149,6 +201,7 @@ def unreached(model: Any, loaded: set[str], draft: bool = False, pp_size: int = 
     names: dict[int, list] = {}
     for name, module, t in _named_tensors(model):
         names.setdefault(id(t), []).append((name, module, t))
+    loaded = resolve_loaded(set(loaded), {n for group in names.values() for n, _, _ in group})
     missing, exempt = [], {}
     for group in names.values():
         if any(name in loaded for name, _, _ in group):

@@ -47,6 +47,19 @@ from vllm_platform_ext.testing.cell_suites import KV_CACHE_BYTES, SPECS, TURBOQU
 from vllm_platform_ext.testing.cells_report import markdown, write_results  # noqa: F401,E402
 
 
+PLANTED_DRAFTS = ("VPE_TEST_PLANT", "bad-draft-ids")  # tests/fixtures/plant: a third of the draft slots are bad ids
+
+
+def judging_kit(kit: str, engine_env: dict | None) -> str:
+    """The kit the judge applies its accept rule for: with bad draft ids planted in every engine (the
+    ``bad-draft`` suite) the recall kit's MTP rule (mean length, each exact path 10 times) cannot hold -- a
+    planted id is rejected with every draft after it (0.26.0, H100, 2026-12-07: accepted per position
+    [305, 131, 0] on qwen3_5 MTP k=3 k8v4, 0/896 bad) -- so those cells need one accepted draft, as the random
+    kit's do; their tokens are audited as any cell's."""
+    key, value = PLANTED_DRAFTS
+    return "planted-drafts" if (engine_env or {}).get(key) == value else kit
+
+
 def run_cells(cells: list[Cell], work: Path, settings: EngineSettings, parallel: int = 1,
               alpha: float = ALPHA, dims: str = "gpu", timeout: float = 1800, log=print,
               reference_python: str | None = None, log_dir: Path | None = None,
@@ -107,7 +120,7 @@ def run_cells(cells: list[Cell], work: Path, settings: EngineSettings, parallel:
         kept.finish(runs, spread_runs)
     with cell_tokens.FloorTokens() as floors:  # the bf16 floor's own tokens, as the reference returns them
         results = audit_cells(cells, models, kit_errors, runs, spread_runs, prompts, settings.max_tokens, alpha, log,
-                              reference_python, kit=kit)
+                              reference_python, kit=judging_kit(kit, engine_env))
     if tokens_path is not None:
         try:
             cell_tokens.write(tokens_path, cell_tokens.build(results, models, runs, spread_runs, prompts,
