@@ -15,7 +15,8 @@ def test_a_worker_process_gets_its_share_and_an_outside_setting_wins():
     """What a worker's engine subprocess inherits: conftest imported as xdist's worker imports it."""
     code = ("import sys, os; sys.path.insert(0, 'tests'); import conftest; "
             "print(os.environ.get('OMP_NUM_THREADS'), os.environ.get('NUMBA_NUM_THREADS'))")
-    base = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "NUMBA_NUM_THREADS")}
+    base = {k: v for k, v in os.environ.items()  # this test may itself run in an xdist worker
+            if k not in ("OMP_NUM_THREADS", "NUMBA_NUM_THREADS") and not k.startswith("PYTEST_XDIST_")}
     cpus = len(os.sched_getaffinity(0))
 
     def child(**env):
