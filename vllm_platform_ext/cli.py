@@ -34,6 +34,7 @@ def collect() -> dict:
         "register()": vpe.register(),
     }
     info["versions"] = detect.installed_versions()
+    info["line_support"] = line_support()
     info["entry_points"] = _our_entry_points()
     info["switches"] = _switches()
     info["patch_groups"] = _patch_ledger()
@@ -65,6 +66,19 @@ def collect() -> dict:
     info["ops"] = REGISTRY.table()
     info.update(_optional_sections())
     return info
+
+
+def line_support() -> dict:
+    """How far the running vLLM's line is proven (``compat/lines.py``): in an engine (CPU / GPU, from the
+    committed results), by contract tests only, or unknown."""
+    from vllm_platform_ext.compat import lines
+
+    try:
+        import vllm
+
+        return lines.support(vllm.__version__)
+    except Exception as exc:  # doctor reports, it does not crash
+        return {"line": None, "status": lines.UNKNOWN, "detail": f"vLLM not importable: {type(exc).__name__}: {exc}"}
 
 
 def fix_targets() -> list[list[str]]:
@@ -181,6 +195,8 @@ def _print_doctor(info: dict) -> None:
     section("versions")
     for k, v in info["versions"].items():
         print(f"  {k:24} {v}")
+    ls = info["line_support"]
+    print(f"  {'vLLM line support':24} {ls['line'] or '?'}: {ls['status']} ({ls['detail']})")
     section("entry points")
     for k, v in info["entry_points"].items():
         print(f"  {k:24} {', '.join(v) or 'MISSING (package not installed?)'}")

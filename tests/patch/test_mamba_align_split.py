@@ -1,6 +1,6 @@
 """mamba.align_prefill_budget (patch/mamba_align_split.py) against each vLLM line's REAL split.
 
-Every line's ``Scheduler._mamba_block_aligned_split`` (and 0.32/0.33's checkpoint helpers) is compiled
+Every line's ``Scheduler._mamba_block_aligned_split`` (and 0.30+'s checkpoint helpers) is compiled
 from that line's own source (``.cache/vllm-lines/<version>``, ``conftest.line_source``), without
 importing the line, and asked how it chunks a prefill whose step budget (one 640-token block) is
 shared with decode rows. The engine run under mixed load is tests/testing/test_align_hits.py."""
@@ -12,10 +12,13 @@ import os
 
 import pytest
 
+from conftest import every_line
 from vllm_platform_ext.patch import mamba_align_split as m
 
-LINES = {(0, 22): "differs", (0, 23): "differs", (0, 24): "differs", (0, 25): "differs", (0, 26): "needed",
-         (0, 32): "needed", (0, 33): "needed"}
+LINES = every_line({(0, 22): "differs", (0, 23): "differs", (0, 24): "differs", (0, 25): "differs", (0, 26): "needed",
+                    (0, 27): "needed", (0, 28): "needed", (0, 29): "needed", (0, 30): "needed", (0, 31): "needed",
+                    (0, 32): "needed", (0, 33): "needed", (0, 34): "needed"}, "mamba.align_prefill_budget")
+NEEDED = [k for k, v in LINES.items() if v == "needed"]
 HELPERS = ("get_mamba_prefill_checkpoint_position", "is_mamba_prefill_checkpoint_valid")
 _SPLITS: dict = {}
 
@@ -64,7 +67,7 @@ def prefill(split, prompt: int, decode_rows: int, budget: int = m.PROBE_BLOCK, e
 @pytest.mark.parametrize("key", sorted(LINES), ids=[f"{a}.{b}" for a, b in sorted(LINES)])
 def test_probe_per_line(key):
     """Every line starves the prefill (0 tokens with 636 of a 640-token budget left); the group serves
-    the lines whose split re-aligns a mid-block chunk (0.26, 0.32, 0.33) and leaves 0.22-0.25 alone,
+    the lines whose split re-aligns a mid-block chunk (0.26-0.34) and leaves 0.22-0.25 alone,
     saying why; where it serves, the patched split gives the chunk the budget allows."""
     split = line_split(key)
     assert m.line_behaviour(split)["starved"] == 0, key
@@ -76,7 +79,7 @@ def test_probe_per_line(key):
         assert m.line_behaviour(m.patched(split)) == {"starved": m.PROBE_LEFT, "realign": 4}
 
 
-@pytest.mark.parametrize("key", [k for k, v in sorted(LINES.items()) if v == "needed"], ids=["0.26", "0.32", "0.33"])
+@pytest.mark.parametrize("key", NEEDED, ids=[f"{a}.{b}" for a, b in NEEDED])
 @pytest.mark.parametrize("eagle", [False, True], ids=["plain", "mtp"])
 def test_prefill_beside_decodes_ends_on_every_block(key, eagle):
     """A 2,000-token prefill beside 1, 4 (MTP k=3) or 7 decode rows under a one-block budget: the line's

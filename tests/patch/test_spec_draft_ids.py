@@ -1,4 +1,5 @@
-"""``spec.draft_ids_in_vocab`` on each vLLM line's REAL V1 runner code (0.22-0.26, 0.32, 0.33).
+"""``spec.draft_ids_in_vocab`` on each vLLM line's REAL V1 runner code (every kept line with one: 0.22-0.33;
+0.34 has model runner v2 only, where the group has no target: its skip is in test_compat_lines_import).
 
 Per line one child process (``draft_ids_line_child.py``, the line's Python first on ``PYTHONPATH``): the
 line's ``GPUModelRunner._calc_spec_decode_metadata`` on input ids holding -1 and vocab-sized drafts (and
@@ -16,16 +17,17 @@ from pathlib import Path
 
 import pytest
 
-from conftest import run_line_child
+from conftest import line_id, run_line_child
+from vllm_platform_ext.compat import lines
 
-LINES = [(0, 22), (0, 23), (0, 24), (0, 25), (0, 26), (0, 32), (0, 33)]
+LINES = [k for k in lines.LINES if k <= (0, 33)]  # the lines with a V1 GPUModelRunner
 CHILD = Path(__file__).with_name("draft_ids_line_child.py")
 V = 16  # the stand-in's vocabulary; input ids [11, -1, V, 5, 12, V + 7] and two padded slots [-1, V]
 OFF_DRAFTS, OFF_IDS = [-1, V, 5, V + 7], [11, -1, V, 5, 12, V + 7, -1, V]
 ON_IDS = [11, 0, 0, 5, 12, 0, 0, 0]
 
 
-@pytest.fixture(scope="module", params=LINES, ids=lambda k: f"vllm-{k[0]}.{k[1]}")
+@pytest.fixture(scope="module", params=LINES, ids=line_id)
 def line(request):
     return request.param, run_line_child(request.param, [str(CHILD)], deps=True)
 

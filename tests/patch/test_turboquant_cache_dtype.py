@@ -1,4 +1,4 @@
-"""The V1 runner of vLLM 0.25/0.26 reshapes a TurboQuant layer's cache for dtype ``"auto"``
+"""The V1 runner of vLLM 0.25-0.28 reshapes a TurboQuant layer's cache for dtype ``"auto"``
 (``patch/turboquant/cache_dtype.py``). Found on the GPU (H200, vLLM 0.26.0, 2026-11-27): every
 TurboQuant engine died at start-up with ``Unknown TurboQuant cache dtype: 'auto'``, plugin on and
 off; no CPU test ran the runner's own ``_reshape_kv_cache_tensors``.
@@ -22,8 +22,10 @@ import pytest
 
 from conftest import REPO, line_source
 
-LINES = [(0, 24), (0, 25), (0, 26)]
-NEEDED = {(0, 25), (0, 26)}  # their runner: '"auto" if kv_cache_spec.kv_quant_mode == KVQuantMode.NONE'
+# The lines whose runner has _reshape_kv_cache_tensors (0.29+ build layer views in create_kv_cache_views: the
+# group's probe says "not needed" there, checked in test_compat_lines_import's GROUP_VERDICTS).
+LINES = [(0, 24), (0, 25), (0, 26), (0, 27), (0, 28)]
+NEEDED = {(0, 25), (0, 26), (0, 27), (0, 28)}  # their runner: '"auto" if kv_cache_spec.kv_quant_mode == KVQuantMode.NONE'
 
 CHILD = r"""
 import json, sys, types

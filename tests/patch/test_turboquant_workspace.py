@@ -141,7 +141,7 @@ if __name__ == "__main__" and sys.argv[1:] == ["--old-side"]:
 # ---------------------------------------------------------------------------------------------
 import pytest  # noqa: E402
 
-from conftest import REPO, old_vllm_python, table_wheel  # noqa: E402
+from conftest import REPO, every_line, old_vllm_python, table_wheel  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -210,8 +210,9 @@ def test_not_needed_where_upstream_reserves_and_never_less_than_upstream(monkeyp
     assert ours[0][1][1] is torch.bfloat16
 
 
-@pytest.mark.parametrize("line,needed", [((0, 22), True), ((0, 23), True), ((0, 24), False), ((0, 25), False),
-                                         ((0, 26), False), ((0, 32), False), ((0, 33), False)],
+@pytest.mark.parametrize("line,needed", every_line({(0, 22): True, (0, 23): True, **{k: False for k in (
+                             (0, 24), (0, 25), (0, 26), (0, 27), (0, 28), (0, 29), (0, 30), (0, 31), (0, 32), (0, 33),
+                             (0, 34))}}, "turboquant.reserve_workspace").items(),
                          ids=lambda v: ".".join(map(str, v)) if isinstance(v, tuple) else str(v))
 def test_which_lines_need_the_reservation(line, needed):
     """Per line, from its own wheel: the builder the group's probe looks at lacks

@@ -34,9 +34,11 @@ import torch  # noqa: E402
 
 # The per-layer tensor each line hands forward, read from the releases' source (not probed here):
 # 0.22-0.25 get_kv_cache_shape (blocks, block_size, heads, slot); 0.26-0.28 (blocks, heads,
-# block_size, slot); 0.29+ the logical [B, H, N, C] view of create_kv_cache_views.
+# block_size, slot); 0.29+ the logical [B, H, N, C] view of create_kv_cache_views (the backend declares
+# KVCacheLayout.LBNHC: logical [L, B, H, N, C], tokens outside heads in memory; read 0.29.0-0.31.0, 0.34.0).
 EXPECTED_AXES = {(0, 22): "BNHC", (0, 23): "BNHC", (0, 24): "BNHC", (0, 25): "BNHC", (0, 26): "BHNC",
-                 (0, 32): "BHNC", (0, 33): "BHNC"}
+                 (0, 27): "BHNC", (0, 28): "BHNC", (0, 29): "BHNC", (0, 30): "BHNC", (0, 31): "BHNC",
+                 (0, 32): "BHNC", (0, 33): "BHNC", (0, 34): "BHNC"}
 PRESETS = ("turboquant_k8v4", "turboquant_4bit_nc", "turboquant_k3v4_nc", "turboquant_3bit_nc")
 D, HQ, HK, PAGE, NB, K1 = 64, 4, 2, 16, 10, 4
 DECODE = (1, 1, 1)  # a uniform single-token batch of a speculative engine (the drafter's later passes)

@@ -35,9 +35,10 @@ from pathlib import Path
 
 import pytest
 
-from conftest import run_line_child, table_wheel
+from conftest import line_id, run_line_child, table_wheel
+from vllm_platform_ext.compat import lines
 
-LINES = [(0, 22), (0, 23), (0, 24), (0, 25), (0, 26), (0, 33)]
+LINES = [k for k in lines.LINES if k != (0, 32)]  # 0.32 shares 0.33's files (test_0_32_shares_the_files_with_0_33)
 CHILD = Path(__file__).with_name("mtp_layer_child.py")
 GROUP, KERNEL_GROUP, INC_GROUP = "quant.mtp_layer_config", "moe.wna16_kernel_call", "quant.inc_extra_config"
 UNQ_MOE, UNQ_LIN = "UnquantizedFusedMoEMethod", "UnquantizedLinearMethod"
@@ -47,7 +48,7 @@ QUANT_MOE = {"gptq_dynamic_fallback": "MoeWNA16Method", "gptq_shipped_marlin": "
              "moe_wna16_dynamic": "MoeWNA16Method", "moe_wna16_shipped": "MoeWNA16Method"}
 
 
-@pytest.fixture(scope="module", params=LINES, ids=lambda k: f"vllm-{k[0]}.{k[1]}")
+@pytest.fixture(scope="module", params=LINES, ids=line_id)
 def line(request):
     # the groups off first; the child applies them after
     return request.param, run_line_child(request.param, [str(CHILD)], deps=True,

@@ -40,13 +40,16 @@ PROBE_BLOCK, PROBE_PROMPT, PROBE_LEFT = 640, 2000, 636
 
 
 def probe_scheduler(block: int = PROBE_BLOCK, budget: int = PROBE_BLOCK, eagle: bool = False):
-    """The scheduler fields any line's split reads (0.22-0.33), for a hybrid model without partial
-    hash hits, prefill checkpoint blocks or shared-prefix checkpoints (a GDN model's)."""
+    """The scheduler fields any line's split reads (0.22-0.34), for a hybrid model without partial
+    hash hits, prefill checkpoint blocks or shared-prefix checkpoints (a GDN model's). 0.30 names the
+    shared-prefix checkpoint ``mamba_fine_grained_prefix_cache`` (``CacheConfig.
+    enable_mamba_fine_grained_prefix_cache``, off by default), 0.31+ ``mamba_shared_prefix_checkpoint``:
+    the same stop at the junction, read the same way by the split."""
     return SimpleNamespace(
         cache_config=SimpleNamespace(block_size=block), block_size=block, hash_block_size=block,
         use_eagle=eagle, use_eagle_block_drop=eagle, mamba_partial_cache_hit=False,
         mamba_has_prefill_checkpoint_blocks=False, mamba_prefill_checkpoint_alignment=None,
-        mamba_shared_prefix_checkpoint=False, num_hash_lookahead_tokens=0,
+        mamba_shared_prefix_checkpoint=False, mamba_fine_grained_prefix_cache=False, num_hash_lookahead_tokens=0,
         max_num_scheduled_tokens=budget, scheduler_config=SimpleNamespace(long_prefill_token_threshold=0))
 
 
