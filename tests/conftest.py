@@ -193,7 +193,8 @@ def run_line_child(key: tuple[int, int], argv: list[str], extra_env: dict | None
     out = [ln for ln in proc.stdout.splitlines() if ln.startswith("JSON")]
     assert proc.returncode == 0 and out, f"vLLM {key}: rc={proc.returncode}\n{proc.stderr[-4000:]}"
     got = json.loads(out[-1][4:])
-    assert got["file"].startswith(root), f"the installed vLLM answered, not the line's wheel: {got['file']}"
+    assert os.path.realpath(got["file"]).startswith(os.path.realpath(root)), \
+        f"the installed vLLM answered, not the line's wheel: {got['file']}"
     return got
 
 

