@@ -35,7 +35,8 @@ install() {
 
 # Free disk first: a full disk otherwise shows up deep inside pip as "[Errno 28] No space left on
 # device". The figures are what each part took on a fresh clone (2026-11-28): .venv 3.5 GB, and
-# for the tests .venv-old 9.3 GB, .cache/vllm-wheels 1.9 GB, .cache/vllm-lines 2.2 GB.
+# for the tests .venv-old 9.3 GB; .cache/vllm-wheels 3.7 GB and .cache/vllm-lines 3.2 GB since the
+# lines 0.27-0.31 and 0.34 were added (2026-12-06: +1.8 GB of wheels, +1.0 GB unpacked).
 installed=0; [ "$(cat "$STAMP" 2>/dev/null)" = "$want" ] && installed=1
 need_mb=0
 [ "$installed" = 1 ] || need_mb=$((need_mb + 3600))
@@ -43,8 +44,8 @@ need_mb=0
 [ -f .qdeps-llmc/.installed ] || need_mb=$((need_mb + 10))
 if [ "${1:-install}" = test ]; then  # the old-vLLM venv's stamp: ci/old_vllm_venv.sh
   [ -f "${OLD_VLLM_VENV:-.venv-old}/.old-vllm-installed" ] || need_mb=$((need_mb + 9500))
-  [ -d .cache/vllm-wheels ] || need_mb=$((need_mb + 1900))
-  [ -d .cache/vllm-lines ] || need_mb=$((need_mb + 2200))
+  [ -d .cache/vllm-wheels ] || need_mb=$((need_mb + 3700))
+  [ -d .cache/vllm-lines ] || need_mb=$((need_mb + 3200))
 fi
 have_mb=$(df -Pm . 2>/dev/null | awk 'NR==2 {print $4}' || true)  # unknown: no check
 if [[ "$have_mb" =~ ^[0-9]+$ ]] && [ "$have_mb" -lt "$need_mb" ]; then
@@ -87,8 +88,9 @@ case "${1:-install}" in
     # The GDN CUDA wiring for the vLLM 0.2x lines is tested against vLLM 0.23.0's own code,
     # which lives in a second venv (.venv-old, ~2 min, ~9 GB; skipped when already there).
     bash ci/old_vllm_venv.sh >/dev/null
-    # The wheels each line's compat schema table was derived from (files only, ~2 GB, checked
-    # against the sha256 in the tables; tests/compat/test_compat_tables.py re-derives the tables).
+    # The wheels each line's compat schema table was derived from (files only, 13 lines 0.22-0.34,
+    # ~3.8 GB, checked against the sha256 in the tables; tests/compat/test_compat_tables.py re-derives
+    # the tables; the tests unpack each line's Python once, ~100-190 MB a line).
     "$PY" ci/tools/compat_tables.py fetch >/dev/null
     # Beside vLLM-metax (tests/metax/test_beside_vllm_metax.py, test_metax_triton.py): gguf for the
     # 0.22-0.25 lines' Python (~5 MB) and the Tritons vLLM-metax's branches pin, 3.0.0 and 3.6.0

@@ -1,5 +1,5 @@
 """``MacaPlatform`` (the standalone MetaX platform) against every vLLM line it may run on
-(0.22-0.26 and 0.32/0.33), read statically from each line's wheel (the compat tables' wheels,
+(0.22-0.34, ``compat.lines.LINES``), read statically from each line's wheel (the compat tables' wheels,
 fetched by ``ci/tools/compat_tables.py fetch``):
 
 * every method it overrides exists on that line's ``Platform`` (or on its CUDA platform classes:
@@ -17,15 +17,18 @@ import zipfile
 
 import pytest
 
-from conftest import REPO, table_wheel
+from conftest import REPO, every_line, table_wheel
 from vllm_platform_ext.compat import schemas
 
 PLATFORM_FILE = os.path.join(REPO, "vllm_platform_ext", "platform.py")
 
 # Hooks MacaPlatform implements that a line's Platform does not define (vLLM added them later).
 NEWER_HOOKS = {"validate_environ", "check_runner_kv_caches_multi_layer"}
-ABSENT_HOOKS = {(0, 22): NEWER_HOOKS, (0, 23): NEWER_HOOKS, (0, 24): NEWER_HOOKS, (0, 25): NEWER_HOOKS,
-                (0, 26): NEWER_HOOKS, (0, 32): set(), (0, 33): set()}
+# (check_runner_kv_caches_multi_layer from 0.28, Platform.validate_environ from 0.31: read from each wheel)
+ABSENT_HOOKS = every_line({
+    (0, 22): NEWER_HOOKS, (0, 23): NEWER_HOOKS, (0, 24): NEWER_HOOKS, (0, 25): NEWER_HOOKS, (0, 26): NEWER_HOOKS,
+    (0, 27): NEWER_HOOKS, (0, 28): {"validate_environ"}, (0, 29): {"validate_environ"}, (0, 30): {"validate_environ"},
+    (0, 31): set(), (0, 32): set(), (0, 33): set(), (0, 34): set()}, "MacaPlatform hooks a line's Platform lacks")
 
 
 def _params(fn) -> list[str]:

@@ -18,7 +18,9 @@ reason): :data:`GROUP_VERDICTS` is what each group's probe says on each line's r
 0.27-0.31 and 0.34 were added (2026-12-06): ``mamba.align_prefill_budget`` failed on 0.30 (its split
 reads ``mamba_fine_grained_prefix_cache``, 0.31's ``mamba_shared_prefix_checkpoint`` under its 0.30
 name, which the probe's scheduler lacked); ``gdn.cuda_zero_draft_spec_rows`` matches neither the old
-nor the fixed GDN code on 0.28-0.31 and 0.34 and is not patched blind; 0.34 has no V1
+nor the fixed GDN code on 0.28-0.31 and 0.34 and is not patched blind; ``turboquant.v1_runner_cache_dtype``
+was applied on 0.27/0.28, whose TurboQuant specs carry a ``KVQuantMode`` of their own (not needed: its probe
+now says so); 0.34 has no V1
 ``GPUModelRunner`` (model runner v2 only), so ``spec.draft_ids_in_vocab`` has no target there. Without the plugin 10 of 12 non-ROCm fusion modules fail on each line
 (11 of 13 on 0.26); with it all import. This run found that the plugin's bootstrap reported
 ``gdn.cpu_spec_decode`` failed on 0.22-0.25 once a missing target of a needed fix counted as a
@@ -67,7 +69,8 @@ GROUP_VERDICTS = {
     "turboquant.reserve_workspace": every_line(_span((0, 22), (0, 23), APPLIED) | _span((0, 24), LAST, RESERVES),
                                                "turboquant.reserve_workspace"),
     "turboquant.v1_runner_cache_dtype": every_line(
-        _span((0, 22), (0, 24), "skipped: not needed") | _span((0, 25), (0, 28), APPLIED)
+        _span((0, 22), (0, 24), "skipped: not needed") | _span((0, 25), (0, 26), APPLIED)
+        | _span((0, 27), (0, 28), "skipped: not needed: TurboQuant is a KVQuantMode on this line")
         | _span((0, 29), LAST, NO_RESHAPE), "turboquant.v1_runner_cache_dtype"),
     "moe.wna16_kernel_call": every_line(_span((0, 22), (0, 26), CALLS_ITSELF) | _span((0, 27), LAST, APPLIED),
                                         "moe.wna16_kernel_call"),

@@ -1,4 +1,4 @@
-"""Every vLLM line's compat schema table (0.22-0.26, the MetaX lines, and 0.32/0.33) against that
+"""Every vLLM line's compat schema table (0.22-0.34, the MetaX lines 0.22-0.26 among them) against that
 line's own wheel: the ops its Python touches at import are all in the table and nothing else
 is, each schema is the one its kernel library registers, and ``real`` rows have a torch kernel
 that takes exactly those arguments.

@@ -23,9 +23,11 @@ import pytest
 from conftest import REPO, line_source
 
 # The lines whose runner has _reshape_kv_cache_tensors (0.29+ build layer views in create_kv_cache_views: the
-# group's probe says "not needed" there, checked in test_compat_lines_import's GROUP_VERDICTS).
+# group's probe says "not needed" there, checked in test_compat_lines_import's GROUP_VERDICTS). 0.27/0.28's runner
+# has the same '"auto" if kv_cache_spec.kv_quant_mode == KVQuantMode.NONE', but TurboQuant is a KVQuantMode there
+# and the layer's spec carries it (the child builds the spec as the line's Attention layer does): not needed.
 LINES = [(0, 24), (0, 25), (0, 26), (0, 27), (0, 28)]
-NEEDED = {(0, 25), (0, 26), (0, 27), (0, 28)}  # their runner: '"auto" if kv_cache_spec.kv_quant_mode == KVQuantMode.NONE'
+NEEDED = {(0, 25), (0, 26)}
 
 CHILD = r"""
 import json, sys, types
@@ -39,7 +41,11 @@ preset, blocks, bs, heads, d = "turboquant_k8v4", 3, 16, 2, 128
 want = tuple(B.get_kv_cache_shape(blocks, bs, heads, d, cache_dtype_str=preset))
 spec_cls = getattr(K, "TQFullAttentionSpec", None)
 kw = dict(block_size=bs, num_kv_heads=heads, head_size=d, dtype=torch.uint8)
+if hasattr(K, "get_kv_quant_mode"):  # the line's Attention.get_kv_cache_spec: kv_quant_mode=get_kv_quant_mode(dtype)
+    kw["kv_quant_mode"] = K.get_kv_quant_mode(preset)
 spec = spec_cls(**kw, tq_slot_size=want[-1]) if spec_cls else K.FullAttentionSpec(**kw)
+if hasattr(B, "customize_spec"):  # 0.28: the backend sizes its own slot (no TQFullAttentionSpec)
+    spec = B.customize_spec(spec)
 nbytes = blocks * bs * heads * want[-1]
 group = types.SimpleNamespace(kv_cache_spec=spec, backend=B, layer_names=["model.layers.3.attn"],
                               kv_cache_group_id=0)

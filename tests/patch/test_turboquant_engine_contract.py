@@ -1,5 +1,5 @@
 """The engine contract of the TurboQuant verify route, on every vLLM line whose wheel the project
-keeps (0.22-0.26, 0.32, 0.33): each line's real TurboQuant backend, a cache of that line's own
+keeps (0.22-0.34, ``compat.lines.LINES``): each line's real TurboQuant backend, a cache of that line's own
 shape written by that line's own store kernel (Triton interpreter), the plugin's patched
 ``forward`` under ``torch.inference_mode()`` with inference tensors -- against float64 attention
 over the K/V read back from the cache bytes through the axes each release documents (the child's

@@ -11,8 +11,9 @@ Found on 0.22-0.26 and 0.32 (run here, 2026-12-06; 0.32/0.33 share these files b
 off, the MTP experts get int4 methods on every path (AutoGPTQ's moe_wna16 fallback ignores the
 dynamic rule, AutoGPTQ's Marlin path the shipped-module list, explicit moe_wna16 both); with
 AutoRound's block-relative module list the MTP's bf16 linears are quantized too (#47828); explicit
-moe_wna16 leaves the target's linears unquantized on 0.22-0.26 and quantizes the MTP's bf16 linears
-on 0.32+. On, every MTP layer is unquantized and every target layer quantized. Where a line's probe
+moe_wna16 leaves the target's linears unquantized on 0.22-0.31 and quantizes the MTP's bf16 linears
+on 0.32+ (0.32's ``is_layer_gptq_quantized`` reads an empty module list as "all quantized"). 0.27-0.31 and
+0.34 run here too (2026-12-06). On, every MTP layer is unquantized and every target layer quantized. Where a line's probe
 says "not needed" (upstream fixed it), the off half must already be right instead.
 
 The same child also asks the line's ``INCConfig`` (AutoRound's native format, ``inc_layer_child.py``), through
@@ -79,7 +80,7 @@ def test_without_the_group_the_lines_code_quantizes_the_mtp_layer(line):
     assert off["gptq_relative_list"]["mtp_linear"] == "AutoGPTQLinearMethod", off["gptq_relative_list"]
     # explicit moe_wna16: its linears get a GPTQ config with an empty module list
     explicit = off["moe_wna16_shipped"]
-    if key <= (0, 26):  # is_layer_gptq_quantized([]) is False: the target's int4 linears unquantized
+    if key <= (0, 31):  # is_layer_gptq_quantized([]) is False (0.32 added "empty: True"): the target's int4 linears unquantized
         assert explicit["target_linear"] == UNQ_LIN and explicit["mtp_linear"] == UNQ_LIN, explicit
     else:  # True from 0.32: the MTP's bf16 linears quantized
         assert explicit["target_linear"] == "AutoGPTQLinearMethod" and explicit["mtp_linear"] == "AutoGPTQLinearMethod"

@@ -1,6 +1,8 @@
 """The versioned tables of ``torch.ops._C*`` schemas that vLLM's Python needs at import time.
 
-One table per vLLM line (``tables/vllm-X.Y.Z.json``: 0.22-0.26, the MetaX lines, and 0.32/0.33),
+One table per vLLM line (``tables/vllm-X.Y.Z.json``: 0.22-0.34, the MetaX lines 0.22-0.26 among them;
+the newest patch release served of each minor when its table was derived; ``compat/lines.py`` reads them as
+the list of kept lines),
 each derived from that line's own wheel by ``ci/tools/compat_tables.py``:
 
 * which ops: every ``torch.ops._C*.<op>.<overload>`` a vLLM module touches while it is being

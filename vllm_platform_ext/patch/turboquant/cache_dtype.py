@@ -2,7 +2,8 @@
 
 ``GPUModelRunner._reshape_kv_cache_tensors`` (vLLM 0.26) picks each attention layer's cache dtype
 as ``"auto" if kv_cache_spec.kv_quant_mode == KVQuantMode.NONE else ...``. TurboQuant is not a
-``KVQuantMode`` (its specs are ``TQFullAttentionSpec`` with mode NONE), so every TurboQuant layer
+``KVQuantMode`` on 0.25/0.26 (its specs are ``TQFullAttentionSpec`` with mode NONE; 0.27 adds
+``KVQuantMode.TURBOQUANT``, 0.28 one mode per preset, which the specs carry), so every TurboQuant layer
 asks ``TurboQuantAttentionBackend.get_kv_cache_shape`` for the shape of dtype ``"auto"`` and
 the engine dies at start-up: ``ValueError: Unknown TurboQuant cache dtype: 'auto'`` (H200,
 vLLM 0.26.0, 2026-11-27: every TurboQuant cell, plugin on and off, plain decoding too).
@@ -90,6 +91,16 @@ def runner_method_source(module: str = RUNNER) -> str | None:
     return None
 
 
+def tq_is_a_quant_mode() -> bool:
+    """The line's ``get_kv_quant_mode`` maps a TurboQuant dtype to a mode of its own (0.27's ``TURBOQUANT``,
+    0.28's ``TURBOQUANT_K8V4``...): the attention layer's spec then carries that mode, never ``NONE``."""
+    try:
+        from vllm.v1.kv_cache_interface import KVQuantMode, get_kv_quant_mode
+    except ImportError:
+        return False
+    return get_kv_quant_mode("turboquant_k8v4") != KVQuantMode.NONE
+
+
 def needed() -> str | None:
     """None when the running line needs the group, else why not."""
     try:
@@ -103,6 +114,9 @@ def needed() -> str | None:
         return f"not needed: no GPUModelRunner._reshape_kv_cache_tensors in {RUNNER}"
     if not runner_passes_auto(source):
         return "not needed: this line's V1 runner hands TurboQuant layers their TurboQuant dtype"
+    if tq_is_a_quant_mode():
+        return ("not needed: TurboQuant is a KVQuantMode on this line (its layers' specs carry it), so the V1 "
+                "runner's 'auto' for KVQuantMode.NONE never reaches a TurboQuant layer")
     return None
 
 
