@@ -128,9 +128,20 @@ def test_lock_entry_is_complete_for_its_vllm_wheel(key):
         elif not req.specifier.contains(carried[name]["version"], prereleases=True):
             problems.append(f"{name} {carried[name]['version']} does not satisfy {line}")
     assert not problems, "\n".join(problems)
-    assert set(entry["on_machine"]) == {"torch", "triton"}
     assert set(entry["extra"]) <= set(carried) and "pytest" in carried  # run.sh runs the suite with it
-    assert not set(carried) & {"torch", "triton", "torchaudio", "flashinfer-python"}
+    assert not set(carried) & {"torchaudio", "flashinfer-python"}
+    if "carries_torch" not in entry:  # the line pins the machine's torch: it is not carried
+        assert set(entry["on_machine"]) == {"torch", "triton"} and not set(carried) & {"torch", "triton"}
+        return
+    # the line's torch and Triton are carried; of torch's CUDA wheels, each decided with its reason,
+    # the carried ones are in the lock and the served ones are the machine's
+    torch_pin = next(Requirement(l) for l in bundle.wheel_requirements(wheel) if Requirement(l).name == "torch")
+    assert torch_pin.specifier.contains(carried["torch"]["version"]) and "triton" in carried
+    assert carried["torch"]["version"] == entry["carries_torch"]["torch"] != entry["carries_torch"]["machine_torch"]
+    cuda = entry["carries_torch"]["cuda"]
+    assert cuda and all(d["reason"] for d in cuda.values())
+    assert {n for n, d in cuda.items() if not d["served"]} == {n for n in carried if n in cuda}
+    assert entry["on_machine"] == {n: d["machine"] for n, d in cuda.items() if d["served"]}
 
 
 
@@ -231,7 +242,7 @@ def test_run_sh_builds_its_venv_on_a_machine_whose_python_is_a_venv(tmp_path):
     run = ["bash", str(root / "project" / "ci" / "gpu" / "run.sh"), "--wheels", str(wheels), "--do", "check"]
     proc = subprocess.run(run, capture_output=True, text=True, env=env, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "torch 2.11.0+fake cuda None device none; vllm 0.23.0+fake" in proc.stdout
+    assert "torch 2.11.0+fake cuda None device none; triton 3.6.0+fake; vllm 0.23.0+fake" in proc.stdout
     assert f"torch 2.11.0+fake from {os.path.realpath(msite)}/torch/__init__.py" in proc.stdout
     assert f"triton 3.6.0+fake from {os.path.realpath(msite)}/triton/__init__.py" in proc.stdout
     rvenv = root / "venv"
