@@ -322,6 +322,40 @@ def split_file(path: Path, out_dir: Path, part_bytes: int) -> list[Path]:
     return parts
 
 
+def tree_bytes(repo: Path = REPO) -> int:
+    """The tracked files a device call sends beside a part, as the device counts them (4 KiB blocks)."""
+    files = subprocess.run(["git", "-C", str(repo), "ls-files", "-z"], check=True, capture_output=True).stdout
+    return sum(-(-(repo / f).stat().st_size // 4096) * 4096 for f in files.decode().split("\0")
+               if f and (repo / f).is_file())
+
+
+def max_part_mib(tree: int) -> int:
+    """The largest part (MiB) that fits one call beside ``tree`` bytes and 1 MiB of small files."""
+    return ((CARRY_LIMIT_MIB << 20) - tree - (1 << 20)) >> 20
+
+
+def resplit(out: Path, part_bytes: int) -> list[Path]:
+    """Cut a built bundle's parts again at ``part_bytes`` (checked against SHA256SUMS first; the
+    archive is not compressed again): SHA256SUMS and manifest.json follow."""
+    sums = [l.split() for l in (out / "SHA256SUMS").read_text().splitlines() if l.strip()]
+    for digest, name in sums:
+        if sha256(out / name) != digest:
+            raise SystemExit(f"{out / name}: sha256 differs from SHA256SUMS")
+    joined = out / sums[0][1].rsplit(".part", 1)[0]
+    with open(joined, "wb") as f:
+        for _, name in sums:
+            f.write((out / name).read_bytes())
+            (out / name).unlink()
+    parts = split_file(joined, out, part_bytes)
+    joined.unlink()
+    (out / "SHA256SUMS").write_text("".join(f"{sha256(p)}  {p.name}\n" for p in parts))
+    if (out / "manifest.json").is_file():
+        manifest = json.loads((out / "manifest.json").read_text())
+        manifest["parts"] = [{"file": p.name, "bytes": p.stat().st_size} for p in parts]
+        (out / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
+    return parts
+
+
 UNPACK_SH = (HERE / "unpack.sh.in").read_text()  # the bundle's unpack.sh (``%(name)s``: the archive)
 
 
@@ -392,6 +426,7 @@ def bundle_pins(entry: dict, wheel_dir: Path) -> dict | None:
 def cmd_build(args) -> int:
     key = lock_key(args.vllm, args.python)
     entry = read_lock().get(key)
+    check_part_mib(args.part_mib)
     if entry is None:
         raise SystemExit(f"{key} is not in {LOCK}; run: python ci/gpu/bundle.py lock --vllm {args.vllm} "
                          f"--python {args.python}")
@@ -438,7 +473,7 @@ def cmd_build(args) -> int:
     files = sorted((out / "dl").iterdir())
     pins = bundle_pins(entry, out / "dl")
     t0 = time.monotonic()
-    parts = pack(out, files, name, args.level, files={f"wheels/{PINS}": json.dumps(pins, indent=1).encode()} if pins else None)
+    parts = pack(out, files, name, args.level, part_bytes=args.part_mib << 20, files={f"wheels/{PINS}": json.dumps(pins, indent=1).encode()} if pins else None)
     shutil.rmtree(out / "dl")
     manifest = {"key": key, "lock": entry, "files": [f.name for f in files], "carried": [w["name"] for w in carried],
                 "already_on_machine": sorted(set(w["name"] for w in entry["wheels"]) - set(
@@ -456,6 +491,20 @@ def cmd_build(args) -> int:
     return 0
 
 
+def check_part_mib(part_mib: int) -> None:
+    room = max_part_mib(tree_bytes())
+    if part_mib > room:
+        raise SystemExit(f"parts of {part_mib} MiB do not fit one call beside this tree ({tree_bytes() / 2**20:.1f} "
+                         f"MiB, 4 KiB blocks) and 1 MiB of small files: at most {room}")
+
+
+def cmd_split(args) -> int:
+    check_part_mib(args.part_mib)
+    parts = resplit(Path(args.out), args.part_mib << 20)
+    print(f"{args.out}: {len(parts)} parts of at most {args.part_mib} MiB")
+    return 0
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -467,8 +516,12 @@ def main(argv=None) -> int:
             p.add_argument("--out", help="bundle folder (default .carry/gpu-VLLM-pyPY)")
             p.add_argument("--have", help="pip freeze of the GPU machine: wheels it has are not carried")
             p.add_argument("--level", type=int, default=6, help="xz level")
+            p.add_argument("--part-mib", type=int, default=PART_MIB, help="part size (MiB; checked against the tree)")
+    p = sub.add_parser("split", help="cut a built bundle's parts again at another size (no recompression)")
+    p.add_argument("--out", required=True, help="the bundle folder")
+    p.add_argument("--part-mib", type=int, required=True)
     args = ap.parse_args(argv)
-    return {"lock": cmd_lock, "build": cmd_build}[args.cmd](args)
+    return {"lock": cmd_lock, "build": cmd_build, "split": cmd_split}[args.cmd](args)
 
 
 if __name__ == "__main__":

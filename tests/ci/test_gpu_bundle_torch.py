@@ -153,3 +153,31 @@ def test_unpack_follow_unpacks_parts_as_they_arrive_whole_and_wait_reports(tmp_p
         time.sleep(0.1)
     else:
         raise AssertionError(f"the follower {pid} outlived --wait")
+
+
+def test_resplit_cuts_the_same_archive_again_and_refuses_a_bad_part(tmp_path):
+    """``bundle.py split``: the parts of a built bundle joined (each checked against SHA256SUMS) and cut
+    again at another size without compressing again; SHA256SUMS and manifest.json follow, unpack works."""
+    payload = os.urandom(5 << 19)
+    whl = _wheel(tmp_path, "big", "1", {"big/data.bin": payload})
+    out = tmp_path / "bundle"
+    out.mkdir()
+    parts = bundle.pack(out, [whl], "gpu-bundle-t", level=0, project=False, part_bytes=1 << 20)
+    (out / "manifest.json").write_text(json.dumps({"parts": []}))
+    joined = b"".join(p.read_bytes() for p in parts)
+    new = bundle.resplit(out, 2 << 20)
+    assert len(parts) == 3 and len(new) == 2 and b"".join(p.read_bytes() for p in new) == joined
+    assert sorted(p.name for p in out.glob("*.part*")) == [p.name for p in new]
+    assert [p["bytes"] for p in json.loads((out / "manifest.json").read_text())["parts"]] == [2 << 20, len(joined) - (2 << 20)]
+    proc = subprocess.run(["bash", str(out / "unpack.sh"), str(tmp_path / "b")], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    with zipfile.ZipFile(tmp_path / "b" / "wheels" / whl.name) as z:
+        assert z.read("big/data.bin") == payload
+    new[0].write_bytes(b"x" + new[0].read_bytes()[1:])
+    try:
+        bundle.resplit(out, 1 << 20)
+    except SystemExit as exc:
+        assert "sha256 differs from SHA256SUMS" in str(exc)
+    else:
+        raise AssertionError("a corrupted part was cut again")
+    assert bundle.max_part_mib(25 << 20) == 38 and bundle.max_part_mib((25 << 20) + 1) == 37
