@@ -359,23 +359,23 @@ def resplit(out: Path, part_bytes: int) -> list[Path]:
 UNPACK_SH = (HERE / "unpack.sh.in").read_text()  # the bundle's unpack.sh (``%(name)s``: the archive)
 
 
-def _head_archive(prefix: str) -> bytes:
-    return subprocess.run(["git", "-C", str(REPO), "archive", "--format=tar", f"--prefix={prefix}", "HEAD"],
+def _head_archive(prefix: str, commit: str = "HEAD") -> bytes:
+    return subprocess.run(["git", "-C", str(REPO), "archive", "--format=tar", f"--prefix={prefix}", commit],
                           check=True, capture_output=True).stdout
 
 
-def project_tar(tar: tarfile.TarFile) -> None:
+def project_tar(tar: tarfile.TarFile, commit: str = "HEAD") -> None:
     """This project's committed tree (``git archive HEAD``) under ``project/``."""
-    with tarfile.open(fileobj=io.BytesIO(_head_archive("project/"))) as src:
+    with tarfile.open(fileobj=io.BytesIO(_head_archive("project/", commit))) as src:
         for m in src.getmembers():
             tar.addfile(m, src.extractfile(m) if m.isfile() else None)
 
 
-def project_wheel(out_dir: Path) -> Path:
+def project_wheel(out_dir: Path, commit: str = "HEAD") -> Path:
     """A wheel of the committed tree: installs offline with ``--no-deps`` and no build backend on
     the GPU machine, and carries the entry points through which vLLM loads the plugin."""
     with tempfile.TemporaryDirectory() as tmp:
-        with tarfile.open(fileobj=io.BytesIO(_head_archive("src/"))) as src:
+        with tarfile.open(fileobj=io.BytesIO(_head_archive("src/", commit))) as src:
             src.extractall(tmp, filter="data")
         pip("wheel", "--no-deps", "-q", "-w", str(out_dir), str(Path(tmp) / "src"))
     (wheel,) = out_dir.glob("vllm_platform_ext-*.whl")
@@ -383,7 +383,7 @@ def project_wheel(out_dir: Path) -> Path:
 
 
 def pack(out: Path, wheels: list[Path], name: str, level: int = 6, project: bool = True,
-         part_bytes: int = PART_MIB << 20, files: dict | None = None) -> list[Path]:
+         part_bytes: int = PART_MIB << 20, files: dict | None = None, commit: str = "HEAD") -> list[Path]:
     """``wheels`` (under ``wheels/``), ``files`` (arcname -> bytes) and this project's tree (under
     ``project/``) as one ``name.tar.xz`` cut into ``PART_MIB`` parts in ``out``, with ``SHA256SUMS``
     and ``unpack.sh``."""
@@ -401,7 +401,7 @@ def pack(out: Path, wheels: list[Path], name: str, level: int = 6, project: bool
                 info.size = len(data)
                 tar.addfile(info, io.BytesIO(data))
             if project:
-                project_tar(tar)
+                project_tar(tar, commit)
         with open(packed, "wb") as f:
             subprocess.run(["xz", "-T0", f"-{level}", "-c", str(tar_path)], check=True, stdout=f)
     parts = split_file(packed, out, part_bytes)
@@ -427,6 +427,8 @@ def cmd_build(args) -> int:
     key = lock_key(args.vllm, args.python)
     entry = read_lock().get(key)
     check_part_mib(args.part_mib)
+    commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"], check=True, capture_output=True,
+                            text=True).stdout.strip()  # the project's tree and wheel: this commit, whatever HEAD does next
     if entry is None:
         raise SystemExit(f"{key} is not in {LOCK}; run: python ci/gpu/bundle.py lock --vllm {args.vllm} "
                          f"--python {args.python}")
@@ -469,12 +471,12 @@ def cmd_build(args) -> int:
             f.unlink()
             tmp.rename(f)
     if not args.no_project:
-        project_wheel(out / "dl")
+        project_wheel(out / "dl", commit)
     name = f"gpu-bundle-vllm-{args.vllm}-py{args.python}"
     files = sorted((out / "dl").iterdir())
     pins = bundle_pins(entry, out / "dl")
     t0 = time.monotonic()
-    parts = pack(out, files, name, args.level, project=not args.no_project, part_bytes=args.part_mib << 20, files={f"wheels/{PINS}": json.dumps(pins, indent=1).encode()} if pins else None)
+    parts = pack(out, files, name, args.level, project=not args.no_project, part_bytes=args.part_mib << 20, commit=commit, files={f"wheels/{PINS}": json.dumps(pins, indent=1).encode()} if pins else None)
     shutil.rmtree(out / "dl")
     manifest = {"key": key, "lock": entry, "files": [f.name for f in files], "carried": [w["name"] for w in carried],
                 "already_on_machine": sorted(set(w["name"] for w in entry["wheels"]) - set(
@@ -482,8 +484,7 @@ def cmd_build(args) -> int:
                 "stripped_members": len(removed), "xz_level": args.level,
                 "pack_seconds": round(time.monotonic() - t0), "pins": pins,
                 "parts": [{"file": p.name, "bytes": p.stat().st_size} for p in parts],
-                "project_commit": subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"],
-                                                 capture_output=True, text=True).stdout.strip()}
+                "project_commit": None if args.no_project else commit}
     (out / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
     total = sum(p.stat().st_size for p in parts)
     print(f"{out}: {len(parts)} parts, {total / 2**20:.0f} MiB, {len(files)} wheels: vLLM (stripped of "
