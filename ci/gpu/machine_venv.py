@@ -73,6 +73,11 @@ for name in ("torch", "triton"):
                  "machine": any(path.startswith(d + os.sep) for d in site_dirs)}
     if name == "torch":
         out[name]["cuda"] = getattr(getattr(mod, "version", None), "cuda", None)
+        try:  # cuDNN left on the machine: torch raises at the first cuDNN call when runtime < build
+            cudnn = mod._C._cudnn
+            out[name]["cudnn"] = [list(cudnn.getRuntimeVersion()), list(cudnn.getCompileVersion())]
+        except Exception:
+            pass
 libs = {}
 with open("/proc/self/maps") as f:  # the CUDA libraries import torch loaded, and from where
     for line in f:
@@ -163,6 +168,11 @@ def build(path: Path, wheels: Path) -> dict:
     if pins is not None:
         print(f"machine_venv: carried torch {found['torch']['version']} (CUDA {found['torch']['cuda']}), "
               f"triton {found['triton']['version']}: the pins of vLLM {pins.get('vllm')}")
+    if found["torch"].get("cudnn"):
+        run, build = (".".join(map(str, v)) for v in found["torch"]["cudnn"])
+        print(f"machine_venv: cuDNN runtime {run}, torch built against {build}"
+              + ("" if found["torch"]["cudnn"][0][:2] >= found["torch"]["cudnn"][1][:2] else
+                 ": torch raises at the first cuDNN call (left on the machine: ci/gpu/bundle.py CUDA_LEFT_ON_MACHINE)"))
     for lib, where in sorted(found.get("cuda_libs", {}).items()):
         print(f"machine_venv: loaded {lib} from {where}")
     return found
