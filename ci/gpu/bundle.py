@@ -488,7 +488,7 @@ def cmd_build(args) -> int:
     (out / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
     total = sum(p.stat().st_size for p in parts)
     print(f"{out}: {len(parts)} parts, {total / 2**20:.0f} MiB, {len(files)} wheels: vLLM (stripped of "
-          f"{len(removed)} files), {len(carried)} locked, this project's; xz -{args.level} packed in "
+          f"{len(removed)} files), {len(carried)} locked{'' if args.no_project else ', this project'}; xz -{args.level} packed in "
           f"{manifest['pack_seconds']} s")
     return 0
 
@@ -520,8 +520,8 @@ def main(argv=None) -> int:
             p.add_argument("--level", type=int, default=6, help="xz level")
             p.add_argument("--part-mib", type=int, default=PART_MIB, help="part size (MiB; checked against the tree)")
             p.add_argument("--no-project", action="store_true",
-                           help="leave out this project's tree and wheel (every device call sends the tree; carry the "
-                                "wheel beside a part): about 26 MiB less at xz -1")
+                           help="leave out this project's tree and wheel (every device call sends the tree; the wheel "
+                                "is built there: see unpack.sh): about 26 MiB less at xz -1")
     p = sub.add_parser("split", help="cut a built bundle's parts again at another size (no recompression)")
     p.add_argument("--out", required=True, help="the bundle folder")
     p.add_argument("--part-mib", type=int, required=True)
