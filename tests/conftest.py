@@ -125,6 +125,7 @@ def load_tool(relpath: str):
     name = os.path.splitext(os.path.basename(relpath))[0]
     spec = importlib.util.spec_from_file_location(f"repo_tool_{name}", os.path.join(REPO, relpath))
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
     spec.loader.exec_module(module)
     return module
 

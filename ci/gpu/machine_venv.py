@@ -13,6 +13,13 @@ interpreter's own site-packages (after the venv's own, so carried wheels win, as
 ``--system-site-packages``), then checks in the new venv that torch (and Triton, where the machine
 has it) import from the machine's site-packages and not from a carried wheel. The stamp
 ``VENV/.installed`` records the interpreter; another interpreter rebuilds the venv.
+
+A bundle that carries its own torch (a vLLM line pinning another torch, ``ci/gpu/bundle.py``)
+has ``WHEELS/bundle-pins.json``. Then the carried torch and Triton are the run venv's (its
+site-packages come before the machine's), the machine's ``nvidia/`` tree is linked file by file
+into the run venv's where no carried wheel put that file (torch finds its CUDA libraries through
+``$ORIGIN/../../nvidia/*/lib``: the machine serves those ``cuda_libs.py`` decided it can), and the
+check fails unless torch, its CUDA and Triton are the pinned versions from the run venv.
 """
 from __future__ import annotations
 
@@ -28,6 +35,7 @@ from pathlib import Path
 
 PTH = "_vpe_machine_site.pth"
 STAMP = ".installed"
+PINS = "bundle-pins.json"  # written by ci/gpu/bundle.py build where the bundle carries torch
 
 
 def machine_site_dirs() -> list[str]:
@@ -63,26 +71,67 @@ for name in ("torch", "triton"):
     path = os.path.realpath(mod.__file__)
     out[name] = {"version": getattr(mod, "__version__", "?"), "file": path,
                  "machine": any(path.startswith(d + os.sep) for d in site_dirs)}
+    if name == "torch":
+        out[name]["cuda"] = getattr(getattr(mod, "version", None), "cuda", None)
+        try:  # cuDNN left on the machine: torch raises at the first cuDNN call when runtime < build
+            cudnn = mod._C._cudnn
+            out[name]["cudnn"] = [list(cudnn.getRuntimeVersion()), list(cudnn.getCompileVersion())]
+        except Exception:
+            pass
+libs = {}
+with open("/proc/self/maps") as f:  # the CUDA libraries import torch loaded, and from where
+    for line in f:
+        p = line.split()[-1]
+        if "/nvidia/" in p and ".so" in p:
+            libs[os.path.basename(p)] = os.path.realpath(p)
+out["cuda_libs"] = libs
 print(json.dumps(out))
 """
 
 
-def check(path: Path, site_dirs: list[str], need_triton: bool) -> dict:
-    """torch (and Triton where the machine has it) in the run venv, from the machine's site-packages."""
+def check(path: Path, site_dirs: list[str], need_triton: bool, pins: dict | None = None) -> dict:
+    """torch (and Triton where the machine has it) in the run venv: the machine's own, or, where the
+    bundle carries them (``pins``), the carried ones at the pinned versions and CUDA."""
     proc = subprocess.run([str(venv_python(path)), "-c", CHECK], capture_output=True, text=True,
                           env={**os.environ, "VPE_MACHINE_SITE": json.dumps(site_dirs)})
     if proc.returncode != 0:
         raise SystemExit(f"machine_venv: the run venv cannot run its check:\n{proc.stderr[-2000:]}")
     found = json.loads(proc.stdout.strip().splitlines()[-1])
-    for name in ("torch",) + (("triton",) if need_triton else ()):
+    for name in ("torch",) + (("triton",) if need_triton or pins else ()):
         got = found[name]
         if "error" in got:
             raise SystemExit(f"machine_venv: the run venv {path} cannot import {name} ({got['error']}); "
                              f"the machine's site-packages: {site_dirs}")
-        if not got["machine"]:
+        if pins is None and not got["machine"]:
             raise SystemExit(f"machine_venv: {name} {got['version']} in the run venv is {got['file']}, not the "
                              f"machine's own (under {site_dirs}): a carried wheel shadows it")
+        if pins is not None:
+            want = pins[name]
+            if got["machine"] or got["version"].split("+")[0] != want:
+                raise SystemExit(f"machine_venv: the bundle carries {name} {want} but the run venv imports {name} "
+                                 f"{got['version']} from {got['file']}")
+    if pins is not None and found["torch"].get("cuda") != pins.get("torch_cuda"):
+        raise SystemExit(f"machine_venv: the carried torch {found['torch']['version']} reports CUDA "
+                         f"{found['torch'].get('cuda')}, the bundle pins {pins.get('torch_cuda')}")
     return found
+
+
+def link_machine_cuda(path: Path, site_dirs: list[str]) -> int:
+    """Link every file of the machine's ``nvidia/`` trees into the run venv's ``nvidia/`` where no
+    carried wheel put one (carried CUDA libraries win); returns how many links were made."""
+    dest, made = venv_site(path) / "nvidia", 0
+    for d in site_dirs:
+        root = Path(d) / "nvidia"
+        if not root.is_dir():
+            continue
+        for f in sorted(root.rglob("*")):
+            target = dest / f.relative_to(root)
+            if f.is_dir() or "__pycache__" in f.parts or target.exists() or target.is_symlink():
+                continue
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.symlink_to(f.resolve())
+            made += 1
+    return made
 
 
 def build(path: Path, wheels: Path) -> dict:
@@ -92,6 +141,8 @@ def build(path: Path, wheels: Path) -> dict:
         raise SystemExit(f"machine_venv: {sys.executable} has no torch: run it with the interpreter that holds torch")
     site_dirs = machine_site_dirs()
     need_triton = importlib.util.find_spec("triton") is not None
+    pins_file = Path(wheels) / PINS
+    pins = json.loads(pins_file.read_text()) if pins_file.is_file() else None
     stamp = path / STAMP
     if not (stamp.is_file() and stamp.read_text() == stamp_text()):
         shutil.rmtree(path, ignore_errors=True)
@@ -99,14 +150,31 @@ def build(path: Path, wheels: Path) -> dict:
         files = sorted(str(p) for p in Path(wheels).glob("*.whl"))
         if not files:
             raise SystemExit(f"machine_venv: no wheels in {wheels}")
-        subprocess.run([str(venv_python(path)), "-m", "pip", "install", "-q", "--no-index", "--no-deps", *files],
+        # --no-compile: byte-compiling every module of torch, vLLM, transformers ... costs more than the
+        # install (transformers + sympy here, 2026-12-06: 15.8 s of CPU compiled, 1.1 s not); Python
+        # compiles what the suite imports, once, on first import
+        subprocess.run([str(venv_python(path)), "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile",
+                        *files],
                        check=True)
         # a venv of a venv sees the base interpreter's site-packages only: name the parent's
         (venv_site(path) / PTH).write_text("".join(d + "\n" for d in site_dirs))
+        if pins is not None:
+            print(f"machine_venv: linked {link_machine_cuda(path, site_dirs)} files of the machine's nvidia/ "
+                  f"into the run venv")
         stamp.write_text(stamp_text())
-    found = check(path, site_dirs, need_triton)
+    found = check(path, site_dirs, need_triton, pins)
     print("machine_venv: " + "; ".join(f"{n} {v['version']} from {v['file']}" for n, v in found.items()
-                                      if "error" not in v))
+                                      if n != "cuda_libs" and "error" not in v))
+    if pins is not None:
+        print(f"machine_venv: carried torch {found['torch']['version']} (CUDA {found['torch']['cuda']}), "
+              f"triton {found['triton']['version']}: the pins of vLLM {pins.get('vllm')}")
+    if found["torch"].get("cudnn"):
+        run, build = (".".join(map(str, v)) for v in found["torch"]["cudnn"])
+        print(f"machine_venv: cuDNN runtime {run}, torch built against {build}"
+              + ("" if found["torch"]["cudnn"][0][:2] >= found["torch"]["cudnn"][1][:2] else
+                 ": torch raises at the first cuDNN call (left on the machine: ci/gpu/bundle.py CUDA_LEFT_ON_MACHINE)"))
+    for lib, where in sorted(found.get("cuda_libs", {}).items()):
+        print(f"machine_venv: loaded {lib} from {where}")
     return found
 
 

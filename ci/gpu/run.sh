@@ -7,7 +7,9 @@
 # builds a venv on it (ci/gpu/machine_venv.py: the carried wheels with --no-index --no-deps, torch
 # and Triton the machine's own, also where that interpreter is itself a venv). Then, in the order
 # given by --do (default: engine):
-#   check          only the venv and its version line
+#   check          only the venv and its version line (torch, its CUDA, Triton, vLLM); where the bundle
+#                  carries torch (wheels/bundle-pins.json), machine_venv.py fails unless the carried
+#                  torch, its CUDA and Triton are the pinned ones and import from the run venv
 #   kernels-quick  the GPU kernel tests' quick tier (each test's first case: every kernel once)
 #   kernels        the GPU kernel tests (pytest -m gpu: tests/ops/test_turboquant_gpu.py, tests/ops/test_gdn_gpu.py),
 #                  all of them, or the --kernel-shard i/n part of them
@@ -77,8 +79,13 @@ export VPE_REFERENCE_PYTHON="${VPE_REFERENCE_PYTHON:-$py}"
 export VPE_REFERENCE_DEVICE="${VPE_REFERENCE_DEVICE:-cuda}"  # the float32 reference on the GPU (TF32 off)
 "$venv/bin/python" - <<'PYEOF'
 import torch, vllm, vllm_platform_ext
+try:
+    import triton
+    tv = triton.__version__
+except ImportError:
+    tv = "none"
 print(f"torch {torch.__version__} cuda {torch.version.cuda} device "
-      f"{torch.cuda.get_device_name() if torch.cuda.is_available() else 'none'}; vllm {vllm.__version__}")
+      f"{torch.cuda.get_device_name() if torch.cuda.is_available() else 'none'}; triton {tv}; vllm {vllm.__version__}")
 PYEOF
 cd "$project"
 mkdir -p "$out"

@@ -59,9 +59,8 @@ def test_a_part_and_the_tree_fit_in_one_device_call():
     """One bundle part is carried a call beside the repository's tree, and a call carries at most
     CARRY_LIMIT_MIB in all. The device counts disk use (4 KiB blocks): on 2026-11-29 it refused a
     60 MiB part beside 4.6 MiB of tracked files. A growing tree fails here, not in a device window."""
-    repo = Path(REPO)
-    files = subprocess.run(["git", "-C", str(repo), "ls-files", "-z"], check=True, capture_output=True).stdout
-    tree = sum(-(-(repo / f).stat().st_size // 4096) * 4096 for f in files.decode().split("\0") if f and (repo / f).is_file())
+    tree = bundle.tree_bytes()
+    assert bundle.max_part_mib(tree) >= bundle.PART_MIB
     spare = 1 << 20  # SHA256SUMS, unpack.sh, the project wheel and the plan scripts ride with some part
     assert (bundle.PART_MIB << 20) + tree + spare <= bundle.CARRY_LIMIT_MIB << 20, (
         f"a {bundle.PART_MIB} MiB part + {tree / 2**20:.1f} MiB of tree > {bundle.CARRY_LIMIT_MIB} MiB: lower PART_MIB")
@@ -128,9 +127,22 @@ def test_lock_entry_is_complete_for_its_vllm_wheel(key):
         elif not req.specifier.contains(carried[name]["version"], prereleases=True):
             problems.append(f"{name} {carried[name]['version']} does not satisfy {line}")
     assert not problems, "\n".join(problems)
-    assert set(entry["on_machine"]) == {"torch", "triton"}
     assert set(entry["extra"]) <= set(carried) and "pytest" in carried  # run.sh runs the suite with it
-    assert not set(carried) & {"torch", "triton", "torchaudio", "flashinfer-python"}
+    assert not set(carried) & {"torchaudio", "flashinfer-python"}
+    if "carries_torch" not in entry:  # the line pins the machine's torch: it is not carried
+        assert set(entry["on_machine"]) == {"torch", "triton"} and not set(carried) & {"torch", "triton"}
+        return
+    # the line's torch and Triton are carried; of torch's CUDA wheels, each decided with its reason,
+    # the carried ones are in the lock and the served ones are the machine's
+    torch_pin = next(Requirement(l) for l in bundle.wheel_requirements(wheel) if Requirement(l).name == "torch")
+    assert torch_pin.specifier.contains(carried["torch"]["version"]) and "triton" in carried
+    assert carried["torch"]["version"] == entry["carries_torch"]["torch"] != entry["carries_torch"]["machine_torch"]
+    cuda = entry["carries_torch"]["cuda"]
+    assert cuda and all(d["reason"] for d in cuda.values())
+    left = {n for n, d in cuda.items() if "left_on_machine" in d}
+    assert all(cuda[n]["rule_only"] and not cuda[n]["served"] for n in left)  # refused by a runtime rule alone
+    assert {n for n, d in cuda.items() if not d["served"]} - left == {n for n in carried if n in cuda}
+    assert entry["on_machine"] == {n: d["machine"] for n, d in cuda.items() if d["served"] or n in left}
 
 
 
@@ -231,7 +243,7 @@ def test_run_sh_builds_its_venv_on_a_machine_whose_python_is_a_venv(tmp_path):
     run = ["bash", str(root / "project" / "ci" / "gpu" / "run.sh"), "--wheels", str(wheels), "--do", "check"]
     proc = subprocess.run(run, capture_output=True, text=True, env=env, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "torch 2.11.0+fake cuda None device none; vllm 0.23.0+fake" in proc.stdout
+    assert "torch 2.11.0+fake cuda None device none; triton 3.6.0+fake; vllm 0.23.0+fake" in proc.stdout
     assert f"torch 2.11.0+fake from {os.path.realpath(msite)}/torch/__init__.py" in proc.stdout
     assert f"triton 3.6.0+fake from {os.path.realpath(msite)}/triton/__init__.py" in proc.stdout
     rvenv = root / "venv"
