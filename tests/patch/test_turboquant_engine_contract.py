@@ -94,6 +94,17 @@ def line_checks(key: tuple[int, int]) -> dict:
     return jobs
 
 
+@functools.lru_cache(maxsize=None)
+def child_module():
+    """The child script as a module (its EXPECTED_AXES and PRESETS), imported once from its folder."""
+    sys.path.insert(0, os.path.dirname(CHILD))
+    try:
+        import tq_engine_contract_child
+    finally:
+        sys.path.pop(0)
+    return tq_engine_contract_child
+
+
 ALL_PRESET_LINES = ((0, 23), (0, 26))  # vLLM-metax's two cache layouts; and the newest line (below)
 
 
@@ -102,11 +113,7 @@ def _verify_presets(key: tuple[int, int]) -> tuple[str, ...]:
     head-major caches) and the newest kept line; one in turn on each other line, so every line runs the route
     on its own cache and every preset runs on several lines. Every preset on all 15 lines was ~1,250 s of CI's
     test time on 2 shared cores (2026-12-07: 30-266 s a line)."""
-    sys.path.insert(0, os.path.dirname(CHILD))
-    try:
-        from tq_engine_contract_child import PRESETS
-    finally:
-        sys.path.pop(0)
+    PRESETS = child_module().PRESETS
     if key in ALL_PRESET_LINES or key == max(LINES):
         return tuple(PRESETS)
     others = [k for k in LINES if k not in ALL_PRESET_LINES and k != max(LINES)]
@@ -131,11 +138,7 @@ def line_results(key: tuple[int, int]) -> dict:
 
 @pytest.mark.parametrize("key", LINES, ids=[".".join(map(str, k)) for k in LINES])
 def test_verify_route_in_the_lines_own_cache(key):
-    sys.path.insert(0, os.path.dirname(CHILD))
-    try:
-        from tq_engine_contract_child import EXPECTED_AXES, PRESETS
-    finally:
-        sys.path.pop(0)
+    EXPECTED_AXES, PRESETS = child_module().EXPECTED_AXES, child_module().PRESETS
     res = line_results(key)["verify"]
     assert "error" not in res, f"{res.get('error')}\n{res.get('trace')}"
     assert res["vllm"].startswith(f"{key[0]}.{key[1]}.") and res["vllm_file"].startswith(line_source(key))
@@ -183,11 +186,7 @@ def _decode_cases() -> list:
     line and every preset
     run the line's own kernel and the CI time stays bounded (the interpreter takes 30-55 s a preset here:
     every preset on every line was ~20 min on 2 shared cores, 2026-12-02)."""
-    sys.path.insert(0, os.path.dirname(CHILD))
-    try:
-        from tq_engine_contract_child import PRESETS
-    finally:
-        sys.path.pop(0)
+    PRESETS = child_module().PRESETS
     metax = ("turboquant_k8v4", "turboquant_4bit_nc")  # the presets vLLM-metax's users run
     turn = [p for p in PRESETS if p not in metax] + list(metax)  # the others first: every preset runs somewhere
     others = [k for k in LINES if k not in ((0, 23), (0, 26))]
