@@ -55,6 +55,9 @@ def test_moe_cells(monkeypatch, tmp_path):
     rows = gptq_cells.run(tmp_path / "r", tmp_path / "o", parallel=1, only="mtp_quantized ngram")
     assert [r["label"] for r in rows] == ["bf16 mtp k=3 on kv=auto", "mtp_quantized ngram k=3 on kv=auto",
                                           "mtp_quantized ngram k=3 off kv=auto"]
+    rows = gptq_cells.run(tmp_path / "r", tmp_path / "o2", parallel=1, only="mtp_bf16 base off|quantized mtp k=3 on")
+    assert [r["label"] for r in rows] == ["bf16 mtp k=3 on kv=auto", "mtp_bf16 base off kv=auto",
+                                          "mtp_quantized mtp k=3 on kv=auto"]  # | : alternatives, in the kit's order
     got = {}
     monkeypatch.setattr(gptq_cells, "run", lambda *a, **k: got.setdefault("args", a) and [])
     gptq_cells.main(["run", "ROOT", "OUT", "--moe", "--only", "ngram"])

