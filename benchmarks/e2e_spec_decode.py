@@ -25,8 +25,9 @@ one MTP layer), ``--layers`` cut to a multiple of 4 (40 is the full depth), dumm
 (``load_format=dummy``, no tokenizer). ``tiny`` -- the audited kit model (``--dims gpu``) with
 real acceptance.
 
-Scheduling: ``--scheduling default`` (the default) runs each engine as the line resolves async
-scheduling -- on for MTP from vLLM 0.23, what users run; ``sync`` turns it off; ``both`` runs every
+Scheduling: ``--scheduling default`` (the default, also for a job that names none) runs each engine as
+the line resolves async scheduling (``async_scheduling`` left unset; the run header records the mode
+asked and async as vLLM resolved it) -- on for MTP from vLLM 0.23, what users run; ``sync`` turns it off; ``both`` runs every
 configuration in each mode and writes the two side by side (``e2e-scheduling.md``; each mode's
 report in its own folder). Every row records the mode asked and async scheduling as vLLM resolved
 it (the CPU platform always turns it off). Figures before 2026-12-06 were all measured ``sync``.

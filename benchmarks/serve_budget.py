@@ -272,6 +272,7 @@ def main(argv=None) -> int:
         rows = [load_result(src, n) for n in names if (src / f"{n}.json").exists()]
         head = json.loads((src / "serve-budget.json").read_text())["header"] if (src / "serve-budget.json").exists() \
             else run_header()
+        head = head | {"report": run_header()["command"], "configs": ",".join(r["config"] for r in rows)}
         print(report(rows, out, head))
         return 0
     a.num_prompts = a.num_prompts or 2 * a.concurrency

@@ -26,8 +26,8 @@ COMMANDS = {
     "e2e": "python benchmarks/e2e_spec_decode.py --model qwen36_a3b --layers 40 --configs B,C --batches 1,8,32 "
            "--contexts 4096,32768 --out results/gpu/DATE-issue53-e2e-a3b (then --model qwen36_27b; then "
            "--configs A,C0 --batches 1,8 --contexts 56320 for the 55K point)",
-    "serve-budget": "python benchmarks/serve_budget.py --model qwen36_a3b --layers 40 "
-                    "--out results/gpu/DATE-issue53-serve-budget",
+    "serve-budget": "python benchmarks/serve_budget.py --model qwen36_a3b --layers 40 --configs bf16 (then k8v4, "
+                    "3bit_nc) --out DIR; then --report DIR --out DIR",
 }
 GOALS = (("1", "kernel vs the HBM bound and vLLM's FlashAttention", "tq-vs-flash"),
          ("2", "end to end, the line's default scheduling", "e2e"),
