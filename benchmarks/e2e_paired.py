@@ -292,7 +292,7 @@ def pair_table(rows: list[dict], names: tuple[str, str]) -> tuple[str, dict]:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--serve", nargs=2, metavar=("JOB", "DIR"), help=argparse.SUPPRESS)
-    ap.add_argument("--model", choices=("qwen36_a3b", "tiny"), default="qwen36_a3b")
+    ap.add_argument("--model", choices=E.MODELS, default="qwen36_a3b")
     ap.add_argument("--layers", type=int, default=8)
     ap.add_argument("--configs", default="C,B", help="two configurations of e2e_spec_decode.py (A B B-off C R E ...)")
     ap.add_argument("--graphs", default="full_and_piecewise")
@@ -309,11 +309,13 @@ def main(argv=None) -> int:
     ap.add_argument("--cpus", default=None, help="the two engines' CPU sets, A:B (0-6:7-13); swapped halfway")
     ap.add_argument("--timeout", type=float, default=900, help="seconds for both engines to start")
     ap.add_argument("--block-timeout", type=float, default=300, help="seconds for one timed generate")
+    ap.add_argument("--scheduling", choices=E.SCHEDULING, default="default",
+                    help="default: async scheduling as the line resolves it (users' mode); sync: off")
     ap.add_argument("--out", default="results/gpu/new-e2e-paired")
     a = ap.parse_args(argv)
     if a.serve:
         return serve(*a.serve)
-    a.tp = 1
+    a.tp, a.mode = 1, a.scheduling
     if a.blocks < 2:
         ap.error(f"--blocks takes a count >= 2; got {a.blocks}")
     try:
@@ -343,7 +345,9 @@ def main(argv=None) -> int:
              + table + "".join(f"\nerror: {r['error']}\n" for r in errors))
     title = (f"Paired end-to-end step times, model {a.model}"
              + (f" ({a.layers} layers, dummy weights)" if a.model != "tiny" else "") + f": {' vs '.join(names)}")
-    head = run_header(device=next((r["device"] for r in ok if r.get("device")), None) or "?")
+    head = run_header(device=next((r["device"] for r in ok if r.get("device")), None) or "?",
+                      scheduling=a.mode, async_scheduling=E.resolved_async(ok), benchmark="e2e-paired",
+                      model=a.model, layers=a.layers if a.model != "tiny" else None)
     body = E.report(ok, out, title, head, extra=extra, extra_data={"paired": figures, "errors": errors})
     print(f"# {title}\n\n{header_markdown(head)}\n\n{body}")
     return 1 if errors or not figures["ratios"] else 0

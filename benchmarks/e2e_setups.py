@@ -1,4 +1,4 @@
-"""The end-to-end benchmark's configurations (A, B, B-off, C, D, D0, R, E: ``e2e_spec_decode.py``'s
+"""The end-to-end benchmark's configurations (A, B, B-off, C, C0, D, D0, R, E: ``e2e_spec_decode.py``'s
 docstring says what each is): a ``Setup`` per engine, and the setups each named configuration tries
 in order. Read by the driver (``e2e_spec_decode.py``, ``e2e_paired.py``) and the tables
 (``e2e_report.py``)."""
@@ -34,6 +34,8 @@ def setups(names: list[str], graphs: str) -> list[list[Setup]]:
         "D0": [Setup("D", "base", 0, "turboquant_k8v4", g, plugin=False)],
         # C with vLLM PR #40914's routing of the verify (its decode kernel on B x (K+1) synthetic rows)
         "R": [Setup("R", "mtp", 3, "turboquant_k8v4", g, env=(("VLLM_PLATFORM_EXT_TQ_VERIFY_ROUTE", "upstream_rows"),))],
+        # C without speculation: TurboQuant plain decode with the plugin, against A (issue 53: 55K context)
+        "C0": [Setup("C0", "base", 0, "turboquant_k8v4", g)],
         "E": [Setup("E-4bit_nc", "mtp", 3, "turboquant_4bit_nc", g)],
         "E3": [Setup("E-3bit_nc", "mtp", 3, "turboquant_3bit_nc", g)],
     }

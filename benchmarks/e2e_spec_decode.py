@@ -6,6 +6,7 @@ Configurations (each an engine started in its own process, plugin on unless name
   A  bf16 KV, no speculation (the plain baseline)
   B  bf16 KV + MTP k=3                      (B-off: the same without the plugin, the GDN cost)
   C  TurboQuant k8v4 + MTP k=3, FULL_AND_PIECEWISE graphs
+  C0 TurboQuant k8v4 without speculation, plugin on (plain decode against A; issue 53's 55K point)
   D  upstream's best TurboQuant + MTP k=3 without the plugin: FULL_AND_PIECEWISE, then
      PIECEWISE, then eager -- the first that starts and generates; if none does, TurboQuant
      without speculation
@@ -15,15 +16,18 @@ Configurations (each an engine started in its own process, plugin on unless name
      synthetic rows instead of the plugin's K+1 kernel (VLLM_PLATFORM_EXT_TQ_VERIFY_ROUTE=upstream_rows)
   E  C with turboquant_4bit_nc and turboquant_3bit_nc
 
-Models: ``qwen36_a3b`` -- Qwen3.6-35B-A3B's shape, ``Qwen3_5MoeTextConfig``'s defaults (transformers' or
+Models: ``qwen36_27b`` -- Qwen3.6-27B's shape (dense: hidden 5120, attention 24/4 heads of 256, GQA 6;
+GDN 16/48 heads of 128; MLP 17408; 64 layers in the release), ``--layers`` cut as below.
+``qwen36_a3b`` -- Qwen3.6-35B-A3B's shape, ``Qwen3_5MoeTextConfig``'s defaults (transformers' or
 vLLM's own) (hidden 2048, Gated DeltaNet : gated attention 3:1, attention 16/2 heads of 256,
 linear 16/32 heads of 128, 256 experts of 512 with 8 routed + 1 shared of 512, vocab 248320,
 one MTP layer), ``--layers`` cut to a multiple of 4 (40 is the full depth), dummy weights
 (``load_format=dummy``, no tokenizer). ``tiny`` -- the audited kit model (``--dims gpu``) with
 real acceptance.
 
-Scheduling: ``--scheduling default`` (the default) runs each engine as the line resolves async
-scheduling -- on for MTP from vLLM 0.23, what users run; ``sync`` turns it off; ``both`` runs every
+Scheduling: ``--scheduling default`` (the default, also for a job that names none) runs each engine as
+the line resolves async scheduling (``async_scheduling`` left unset; the run header records the mode
+asked and async as vLLM resolved it) -- on for MTP from vLLM 0.23, what users run; ``sync`` turns it off; ``both`` runs every
 configuration in each mode and writes the two side by side (``e2e-scheduling.md``; each mode's
 report in its own folder). Every row records the mode asked and async scheduling as vLLM resolved
 it (the CPU platform always turns it off). Figures before 2026-12-06 were all measured ``sync``.
@@ -68,28 +72,51 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 from bench_common import header_markdown, run_header, write_result  # noqa: E402
 # the tables and goals, and what runs in the engine process: also read as E.<name> (e2e_paired.py, the tests)
 from e2e_report import (  # noqa: E402,F401
-    TOKENS_PER_VERIFY_STEP, goals, goals_markdown, main_cpu, merge_rounds, report, rounds_markdown,
-    scheduling_markdown, summarize)
+    TOKENS_PER_VERIFY_STEP, goals, goals53, goals_markdown, main_cpu, merge_rounds, report, resolved_async,
+    rounds_markdown, scheduling_markdown, summarize)
 from e2e_setups import Setup, setups  # noqa: E402 (the configurations; also read as E.Setup, E.setups)
 from e2e_worker import (  # noqa: E402,F401
-    StepLog, _prompts, _step_class, engine_setup, gpu_local_cpus, install_step_timer, worker)
+    SCHEDULING, StepLog, _prompts, _step_class, engine_setup, gpu_local_cpus, install_step_timer, worker)
 
 
-def qwen36_a3b_config(layers: int) -> dict:
-    """Qwen3.6-35B-A3B's ``config.json`` cut to ``layers``: ``Qwen3_5MoeForConditionalGeneration``
-    (model type qwen3_5_moe; vLLM 0.23-0.26 have no text-only class, the engine runs it with
-    ``language_model_only=True``), the text config at ``Qwen3_5MoeTextConfig``'s defaults, from
-    transformers where it has the class, else from vLLM's own (vLLM 0.23 pins transformers 4.57)."""
+# Qwen3.6-27B (dense, GQA 6) as its released text config states it (model type qwen3_5_text; 64 layers
+# in the release, 3 GDN : 1 gated attention; the values also in THUDM/slime scripts/models/qwen3.5-27B.sh)
+QWEN36_27B_TEXT = dict(hidden_size=5120, intermediate_size=17408, num_attention_heads=24, num_key_value_heads=4,
+                       head_dim=256, linear_num_key_heads=16, linear_num_value_heads=48, linear_key_head_dim=128,
+                       linear_value_head_dim=128, linear_conv_kernel_dim=4, vocab_size=248320,
+                       rope_parameters={"rope_type": "default", "rope_theta": 10000000, "partial_rotary_factor": 0.25,
+                                        "mrope_interleaved": True, "mrope_section": [11, 11, 10]})
+MODELS = ("qwen36_a3b", "qwen36_27b", "tiny")
+
+
+def _hybrid_config(kind: str, layers: int, shape: dict) -> dict:
+    """A Qwen3.5/3.6 ``config.json`` (``kind``: qwen3_5_moe / qwen3_5) cut to ``layers``: the text
+    config at its class's defaults (transformers' where it has the class, else vLLM's own: vLLM 0.23
+    pins transformers 4.57) updated by ``shape``; vLLM 0.23-0.26 have no text-only class, the engine
+    runs it with ``language_model_only=True``."""
     from vllm_platform_ext.testing.tiny_models import _config_class, conditional_config
 
     if layers % 4 or layers < 4:
         raise SystemExit(f"--layers {layers}: must be a positive multiple of 4 (3 GDN : 1 attention)")
-    text = _config_class("qwen3_5_moe_text")().to_dict()
-    text.update(model_type="qwen3_5_moe_text", num_hidden_layers=layers,
+    text = _config_class(f"{kind}_text")().to_dict()
+    text.update(shape)
+    text.update(model_type=f"{kind}_text", num_hidden_layers=layers,
                 layer_types=(["linear_attention"] * 3 + ["full_attention"]) * (layers // 4),
-                mtp_num_hidden_layers=1, bos_token_id=1, eos_token_id=2, max_position_embeddings=40960)
+                mtp_num_hidden_layers=1, bos_token_id=1, eos_token_id=2, max_position_embeddings=65536 + 1024)
     text.pop("transformers_version", None)
-    return conditional_config("qwen3_5_moe", text)
+    return conditional_config(kind, text)
+
+
+def qwen36_a3b_config(layers: int) -> dict:
+    """Qwen3.6-35B-A3B's ``config.json`` cut to ``layers``: ``Qwen3_5MoeForConditionalGeneration``, the
+    text config at ``Qwen3_5MoeTextConfig``'s defaults (hidden 2048, attention 16/2 heads of 256)."""
+    return _hybrid_config("qwen3_5_moe", layers, {})
+
+
+def qwen36_27b_config(layers: int) -> dict:
+    """Qwen3.6-27B's ``config.json`` cut to ``layers``: ``Qwen3_5ForConditionalGeneration``, dense,
+    attention 24/4 heads of 256 (GQA 6), GDN 16/48 heads of 128 (:data:`QWEN36_27B_TEXT`)."""
+    return _hybrid_config("qwen3_5", layers, QWEN36_27B_TEXT)
 
 
 def write_model(kind: str, layers: int, out: Path) -> Path:
@@ -98,7 +125,8 @@ def write_model(kind: str, layers: int, out: Path) -> Path:
         from vllm_platform_ext.testing.tiny_models import make_tiny_model
 
         return make_tiny_model("qwen3_next", out, dims="gpu")
-    (out / "config.json").write_text(json.dumps(qwen36_a3b_config(layers), indent=1))
+    cfg = qwen36_27b_config(layers) if kind == "qwen36_27b" else qwen36_a3b_config(layers)
+    (out / "config.json").write_text(json.dumps(cfg, indent=1))
     return out
 
 
@@ -110,7 +138,7 @@ def engine_job(model: Path, setup: Setup, pairs: list[tuple[int, int]], a) -> di
             "max_tokens": a.max_tokens, "max_num_batched_tokens": a.max_num_batched_tokens,
             "gpu_memory_utilization": a.gpu_memory_utilization, "dummy": a.model != "tiny",
             "kv_cache_memory_bytes": a.kv_cache_memory_bytes,
-            "vocab": 256 if a.model == "tiny" else 248320, "scheduling": getattr(a, "mode", "sync")}
+            "vocab": 256 if a.model == "tiny" else 248320, "scheduling": getattr(a, "mode", "default")}
 
 
 def engine_env(setup: Setup) -> dict:
@@ -182,8 +210,9 @@ def run_round(model: Path, order: list[list[Setup]], groups: list, kv_only: set 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--worker", nargs=2, metavar=("JOB", "OUT"), help=argparse.SUPPRESS)
-    ap.add_argument("--model", choices=("qwen36_a3b", "tiny"), default="qwen36_a3b")
-    ap.add_argument("--layers", type=int, default=8, help="qwen36_a3b depth, a multiple of 4 (full: 40)")
+    ap.add_argument("--model", choices=MODELS, default="qwen36_a3b")
+    ap.add_argument("--layers", type=int, default=8,
+                    help="depth of the dummy-weight shapes, a multiple of 4 (35B-A3B's full depth: 40; 27B's: 64)")
     ap.add_argument("--configs", default="A,B,B-off,C,D,E")
     ap.add_argument("--graphs", default="full_and_piecewise")
     ap.add_argument("--kv-presets", default=None, help="restrict to these KV dtypes (e.g. auto on the CPU)")
@@ -242,7 +271,9 @@ def main(argv=None) -> int:
     title = f"End-to-end speculative decoding, model {a.model}" + (
         f" ({a.layers} layers, dummy weights)" if a.model != "tiny" else "") + (f", TP={a.tp}" if a.tp > 1 else "")
     every = [r for rows in by_mode.values() for r in rows]
-    head = run_header(device=next((r["device"] for r in every if r.get("device")), None) or "?")
+    head = run_header(device=next((r["device"] for r in every if r.get("device")), None) or "?",
+                      scheduling=a.scheduling, async_scheduling=resolved_async(every), benchmark="e2e",
+                      model=a.model, layers=a.layers if a.model != "tiny" else None)
     for mode, rows in by_mode.items():
         where = out / mode if len(by_mode) > 1 else out
         where.mkdir(parents=True, exist_ok=True)

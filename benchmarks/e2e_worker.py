@@ -181,9 +181,10 @@ def _prompts(batch: int, context: int, vocab: int) -> list[list[int]]:
 
 def engine_setup(job: dict):
     """The job's ``(EngineConfig, EngineSettings, LLM kwargs)``: sized for its largest (batch, context)
-    pair, dummy weights unless tiny. ``job["scheduling"]``: ``"default"`` leaves async scheduling as
-    the line resolves it (on for MTP from 0.23, what users run), ``"sync"`` turns it off (one step is
-    one forward and its sampling; every e2e figure before 2026-12-06 ran so)."""
+    pair, dummy weights unless tiny. ``job["scheduling"]``: ``"default"`` (also when absent) leaves
+    async scheduling unset, as the line resolves it (on for MTP from 0.23, what users run);
+    ``"sync"`` turns it off (one step is one forward and its sampling; every e2e figure before
+    2026-12-06 ran so)."""
     from vllm_platform_ext.testing.engine import EngineConfig, EngineSettings
 
     s = job["setup"]
@@ -194,7 +195,7 @@ def engine_setup(job: dict):
                               max_model_len=max(c for _, c in pairs) + job["max_tokens"] + 8,
                               gpu_memory_utilization=job["gpu_memory_utilization"], warmup_runs=1,
                               kv_cache_memory_bytes=job.get("kv_cache_memory_bytes", 0))
-    scheduling = job.get("scheduling", "sync")
+    scheduling = job.get("scheduling", "default")
     if scheduling not in SCHEDULING:
         raise ValueError(f"job scheduling takes one of {', '.join(SCHEDULING)}; got {scheduling!r}")
     extra = {"async_scheduling": False} if scheduling == "sync" else {}
@@ -235,7 +236,7 @@ def worker(job_path: str, out_path: str) -> int:
     for r in results[1:]:
         r["run"]["init_s"] = run.init_s  # the one start-up they shared
     for r in results:  # the mode each row ran in, as asked and as vLLM resolved it
-        r["run"] |= {"scheduling": job.get("scheduling", "sync"), "async_scheduling": resolved.get("async_scheduling")}
+        r["run"] |= {"scheduling": job.get("scheduling", "default"), "async_scheduling": resolved.get("async_scheduling")}
     local = gpu_local_cpus()
     for r in results:
         r["steps"]["gpu_local_cpus"] = local

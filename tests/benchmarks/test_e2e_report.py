@@ -185,7 +185,13 @@ def test_script_runs_the_cpu_engine_end_to_end(tmp_path):
     assert trace.name == "B-eager-b2-c64-verify.trace.json" and trace.stat().st_size > 10_000
     ops = trace.with_name("B-eager-b2-c64-verify.ops.txt").read_text()
     assert "Self CPU" in ops and ("gdn" in ops.lower() or "onednn" in ops.lower())
-    assert "## Goals (issue 24)" in (out / "e2e.md").read_text()
+    md = (out / "e2e.md").read_text()
+    assert "## Goals (issue 24)" in md and "## Goals (issue 53; async scheduling as resolved: off)" in md
+    # the run header says the mode asked (the line's default) and how vLLM resolved it (the CPU turns it off)
+    head = json.loads((out / "e2e.json").read_text())["header"]
+    assert (head["scheduling"], head["async_scheduling"], head["benchmark"], head["model"]) == \
+        ("default", "off", "e2e", "tiny")
+    assert a["scheduling"] == b["scheduling"] == "default"
 
 
 def test_qwen36_a3b_shape_on_the_old_line_comes_from_vllms_config_classes():
