@@ -200,14 +200,36 @@ def test_speculation_slower_than_its_draft_free_steps():
     g = Guard(2, "ngram", log=Log(), clock=clock)
     # draft-free decode steps (no drafts proposed) at 10 ms, then speculative ones at 40 ms yielding 1.5 tokens
     _run(g, {"p": [1] * 20}, clock, step_s=0.010, k=0)
-    assert g.plain_t[1].count >= 8
+    assert len(g.plain_t[1]) >= 8
     _run(g, {"s": [2, 1] * 40}, clock, step_s=0.040)
-    assert g.speedup == pytest.approx(1.5 * 0.010 / 0.040, rel=0.2)
+    assert g.speedup == pytest.approx(1.5 * 0.010 / 0.040, rel=0.05)
     assert [i.kind for i in g.incidents] == ["spec_slower"]
     g2 = Guard(2, "ngram", log=Log(), clock=(c2 := Clock()))  # the same at 12 ms: 1.5 x 10 / 12 > 1, no warning
     _run(g2, {"p": [1] * 20}, c2, step_s=0.010, k=0)
     _run(g2, {"s": [2, 1] * 40}, c2, step_s=0.012)
     assert g2.speedup > 1.0 and g2.incidents == []
+
+
+def test_speed_estimate_is_not_swayed_by_a_warm_up_step():
+    """numba's first ngram call (seconds) on the first speculative step: the medians ignore it."""
+
+    class Jit(Clock):
+        def __init__(self, jump_at: int):
+            super().__init__()
+            self.n, self.jump_at = 0, jump_at
+
+        def __call__(self):
+            self.n += 1
+            if self.n == self.jump_at:
+                self.t += 30.0
+            return self.t
+
+    clock = Jit(jump_at=21 + 3)  # 21 plain steps (prefill + 20), the prefill of "s", then its 2nd decode step
+    g = Guard(2, "ngram", log=Log(), clock=clock)
+    _run(g, {"p": [1] * 20}, clock, step_s=0.010, k=0)
+    _run(g, {"s": [2, 1] * 24}, clock, step_s=0.012)
+    assert max(g.spec_t[1]) > 30 and g.speedup is not None  # judged with the slow step in the window
+    assert g.speedup == pytest.approx(1.5 * 0.010 / 0.012, rel=0.05) and g.incidents == []
 
 
 def test_loop_warns_once_per_request_with_its_cycle():

@@ -21,7 +21,9 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import deque
 from dataclasses import dataclass
+from statistics import median
 
 from vllm_platform_ext.guard.detect import (ACCEPT_WINDOW, AcceptWindow, Ewma, LoopWatch, batch_bucket,
                                             speedup_estimate)
@@ -30,8 +32,10 @@ KINDS = ("loop", "acceptance_collapse", "zero_acceptance", "spec_slower")
 COLLAPSE_AL = 1.1  # a request's window mean at or below this is a collapse ...
 BASELINE_MIN_AL = 1.5  # ... when the finished requests' mean acceptance length is at least this
 ZERO_DRAFTS = 64  # engine-wide: this many draft tokens in a row with none accepted is an episode
-SPEED_MIN_SPEC_STEPS = 64  # decode steps with drafts before the speed estimate is judged ...
+SPEED_WINDOW = 64  # the last decode steps of a batch bucket whose medians are compared
+SPEED_MIN_SPEC_STEPS = 32  # decode steps with drafts in the window before the speed estimate is judged ...
 SPEED_MIN_PLAIN_STEPS = 8  # ... and draft-free decode steps of the same batch bucket
+SPEED_EVERY = 16  # judged once per this many speculative steps of a bucket
 MAX_TRACKED = 4096  # requests tracked at once (the oldest is dropped beyond it)
 STALE_STEPS = 1024  # a request not seen for this many steps (aborted by the client) is dropped
 # drafters that propose k drafts at every decode step: an all-1 window is 0 accepted of window * k drafts
@@ -86,12 +90,15 @@ class Guard:
         self.drafts_since_accept = 0
         self.engine_al = Ewma(0.05)
         self.last_t: dict[int, float] = {}
-        self.plain_t: dict[int, Ewma] = {}
-        self.spec_t: dict[int, Ewma] = {}
-        self.spec_tok: dict[int, Ewma] = {}
+        # per batch bucket, the last SPEED_WINDOW decode steps: draft-free step times, speculative step times
+        # and ids per request of those (medians: a warm-up step -- numba's first ngram call, a first graph
+        # capture -- or a preempted one does not sway them)
+        self.plain_t: dict[int, deque] = {}
+        self.spec_t: dict[int, deque] = {}
+        self.spec_tok: dict[int, deque] = {}
         self.speedup: float | None = None
         self.slow_buckets: set = set()
-        self.seconds = 0.0  # the guard's own time in observe + end_step
+        self.seconds = 0.0  # the guard's own time: observe (the output hook) + the stat logger's record
         self.looping = 0
         self.reported_zero = False
 
@@ -127,7 +134,8 @@ class Guard:
                     st.acc.add(n)
                     self.step_tokens += n
                     self.step_reqs += 1
-                    if self.spec_k and st.acc.full() and "acceptance_collapse" not in st.reported:
+                    if (self.spec_k and st.acc.total <= COLLAPSE_AL * st.acc.window and st.acc.full()
+                            and "acceptance_collapse" not in st.reported):  # both rules need a mean <= COLLAPSE_AL
                         self._check_collapse(st)
                 if o.finish_reason is not None:  # its last ids: judged now, not at the next stride
                     st.loop.since = st.loop.check_every
@@ -172,7 +180,8 @@ class Guard:
 
     # -- per step, from the stat logger's record ----------------------------------------------
     def end_step(self, scheduler_stats, iteration_stats, engine_idx: int = 0) -> None:
-        t0 = time.perf_counter()
+        """The step's engine counters and wall time (its own cost is counted by the caller, the stat
+        logger's ``record``, with the metric updates)."""
         self.step += 1
         tokens, nreq = self.step_tokens, self.step_reqs
         self.step_tokens = self.step_reqs = 0
@@ -199,7 +208,6 @@ class Guard:
             stale = [rid for rid, r in self.reqs.items() if self.step - r.seen > STALE_STEPS]
             for rid in stale:
                 self._finish(rid, self.reqs[rid])
-        self.seconds += time.perf_counter() - t0
 
     def _time_step(self, engine_idx, scheduler_stats, iteration_stats, tokens, nreq, drafted, spec) -> None:
         now = self.clock()
@@ -210,24 +218,27 @@ class Guard:
         if last is None or not nreq or prefill or not self.spec_k:
             return
         dt, b = now - last, batch_bucket(nreq)
-        if drafted:
-            self.spec_t.setdefault(b, Ewma(0.05)).add(dt)
-            self.spec_tok.setdefault(b, Ewma(0.05)).add(tokens / nreq)
-        else:  # a decode step that verified no draft: what plain decoding costs at this batch
-            self.plain_t.setdefault(b, Ewma(0.05)).add(dt)
-        pt, stt = self.plain_t.get(b), self.spec_t.get(b)
-        if pt is None or stt is None or pt.count < SPEED_MIN_PLAIN_STEPS or stt.count < SPEED_MIN_SPEC_STEPS:
+        if not drafted:  # a decode step that verified no draft: what plain decoding costs at this batch
+            self.plain_t.setdefault(b, deque(maxlen=SPEED_WINDOW)).append(dt)
             return
-        est = speedup_estimate(self.spec_tok[b].value, stt.value, pt.value)
+        st = self.spec_t.setdefault(b, deque(maxlen=SPEED_WINDOW))
+        st.append(dt)
+        tok = self.spec_tok.setdefault(b, deque(maxlen=SPEED_WINDOW))
+        tok.append(tokens / nreq)
+        pt = self.plain_t.get(b)
+        if pt is None or len(pt) < SPEED_MIN_PLAIN_STEPS or len(st) < SPEED_MIN_SPEC_STEPS or self.step % SPEED_EVERY:
+            return
+        al, spec_s, plain_s = sum(tok) / len(tok), median(st), median(pt)
+        est = speedup_estimate(al, spec_s, plain_s)
         self.speedup = est
         if est < 1.0 and b not in self.slow_buckets:
             self.slow_buckets.add(b)
             self._incident("spec_slower", "engine",
-                           f"at batch {b // 2 + 1}-{b}: {self.spec_tok[b].value:.2f} tokens per request per "
-                           f"{stt.value * 1e3:.1f} ms speculative step against 1 per {pt.value * 1e3:.1f} ms "
-                           f"draft-free step: {est:.2f}x of plain decoding; likely cause: acceptance too low for "
-                           "the drafter's cost at this batch (lower num_speculative_tokens, or disable speculation "
-                           "above this batch with disable_by_batch_size)")
+                           f"at batch {b // 2 + 1}-{b}: {al:.2f} tokens per request per {spec_s * 1e3:.1f} ms "
+                           f"speculative step (median of {len(st)}) against 1 per {plain_s * 1e3:.1f} ms draft-free "
+                           f"step (median of {len(pt)}): {est:.2f}x of plain decoding; likely cause: acceptance too "
+                           "low for the drafter's cost at this batch (lower num_speculative_tokens, or turn "
+                           "speculation off above this batch with disable_by_batch_size)")
         elif est >= 1.05:
             self.slow_buckets.discard(b)
 

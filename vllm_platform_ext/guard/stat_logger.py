@@ -10,6 +10,7 @@ serves them; their names start with ``vllm_platform_ext:guard_``.
 from __future__ import annotations
 
 import math
+import time
 
 from vllm.v1.metrics.loggers import StatLoggerBase
 
@@ -94,6 +95,7 @@ class GuardStatLogger(StatLoggerBase):
         g = monitor.current()
         if g is None:  # disabled after an error of its own
             return
+        t0 = time.perf_counter()
         try:
             g.end_step(scheduler_stats, iteration_stats, engine_idx)
         except Exception as exc:  # the guard must never take the server down
@@ -113,6 +115,7 @@ class GuardStatLogger(StatLoggerBase):
         if g.speedup is not None:
             m["speedup"].labels(*lb).set(g.speedup)
         m["steps"].labels(*lb).inc()
+        g.seconds += time.perf_counter() - t0  # end_step and the metric updates
         m["seconds"].labels(*lb).inc(max(0.0, g.seconds - self._seen_seconds))
         self._seen_seconds = g.seconds
 
