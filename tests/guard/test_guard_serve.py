@@ -30,7 +30,7 @@ PLANT = str(Path(__file__).resolve().parents[1] / "fixtures" / "plant")
 MAX_TOKENS = 80  # a loop needs 64 + its period + up to 8 (the check's stride); a collapse 17 decode steps
 ARGS = ["--dtype", "bfloat16", "--enforce-eager", "--max-model-len", "512", "--max-num-seqs", "4"]
 MTP3 = ["--speculative-config", json.dumps({"method": "mtp", "num_speculative_tokens": 3})]
-WARNING = re.compile(r"vllm-platform-ext guard: (\w+): request (\S+): (.*)")
+WARNING = re.compile(r"vllm-platform-ext guard: (\w+): (?:request )?(\S+): (.*)")  # engine incidents: "engine"
 FAMILIES = ("vllm_platform_ext:guard_incidents_total", "vllm_platform_ext:guard_request_acceptance_length_bucket",
             "vllm_platform_ext:guard_acceptance_baseline", "vllm_platform_ext:guard_tracked_requests",
             "vllm_platform_ext:guard_spec_speedup_estimate", "vllm_platform_ext:guard_seconds_total",
@@ -63,6 +63,7 @@ def _serve(model: str, args: list[str], log: Path, env: dict, phases: list[list[
             metrics = r.read().decode()
     finally:
         stop_server(proc)
+    log.with_suffix(".metrics").write_text(metrics)  # beside the server's log, for a failure's reader
     text = log.read_text()
     warnings = [m.groups() for m in map(WARNING.search, text.splitlines()) if m]
     return {"outs": outs, "metrics": metrics, "log": text, "warnings": warnings}

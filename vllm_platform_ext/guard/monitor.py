@@ -108,7 +108,8 @@ class Guard:
         self.incidents.append(inc)
         del self.incidents[:-256]
         self.counts[kind] += 1
-        self.log.warning("vllm-platform-ext guard: %s: request %s: %s", kind, request, message)
+        self.log.warning("vllm-platform-ext guard: %s: %s: %s", kind,
+                         "engine" if request == "engine" else f"request {request}", message)
         if self.sink is not None:
             self.sink(inc)
 
