@@ -124,8 +124,9 @@ class Guard:
             if st is None:  # its first output: the prefill's token, not a decode step
                 state = request_states.get(rid) if request_states is not None else None
                 st = reqs[rid] = _Req(getattr(state, "external_req_id", None) or rid, step)
-                if len(reqs) > MAX_TRACKED:
-                    del reqs[next(iter(reqs))]
+                if len(reqs) > MAX_TRACKED:  # the oldest goes (its looping count with it)
+                    oldest = next(iter(reqs))
+                    self._finish(oldest, reqs[oldest])
                 if new:
                     st.loop.add(new)
             elif new:
