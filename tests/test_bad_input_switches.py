@@ -85,7 +85,7 @@ def test_user_switches_and_dev_switches_are_two_tables_both_known():
     the testing kit's sitecustomize set. Both are read, checked and made known to vLLM's env validation."""
     from vllm_platform_ext.patch.vllm_env import with_own_switches
 
-    assert list(envs.SWITCHES) == [P, envs.MXSML_LIB, S, D, envs.GDN_VALIDATE, envs.LOAD_CHECK]
+    assert list(envs.SWITCHES) == [P, envs.MXSML_LIB, S, D, envs.GDN_VALIDATE, envs.LOAD_CHECK, envs.GUARD]
     assert list(envs.DEV_SWITCHES) == [envs.TQ_VERIFY_ROUTE, envs.TQ_ROUTE_CHECK, envs.FORCED_CPU_PATH]
     assert envs.KNOWN == {**envs.SWITCHES, **envs.DEV_SWITCHES}
     assert set(with_own_switches({})) == set(envs.KNOWN)

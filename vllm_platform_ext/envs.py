@@ -35,6 +35,7 @@ TQ_VERIFY_ROUTES = ("kernel", "upstream_rows")
 TQ_ROUTE_CHECK = "VLLM_PLATFORM_EXT_TQ_ROUTE_CHECK"
 LOAD_CHECK = "VLLM_PLATFORM_EXT_LOAD_CHECK"
 LOAD_CHECK_MODES = ("error", "warn", "off")
+GUARD = "VLLM_PLATFORM_EXT_GUARD"
 
 PLATFORM_CHOICES = ("auto", "maca", "none")
 TRUE = ("1", "true", "yes", "on")
@@ -52,6 +53,9 @@ SWITCHES: dict[str, tuple[str, str]] = {
     GDN_VALIDATE: (BOOL_CHOICES, "the GDN ops' host-side metadata checks (default on)"),
     LOAD_CHECK: ("error|warn|off", "a parameter no checkpoint tensor reached refuses the load (error, the default), "
                                    "is logged (warn), or is not looked for (off): patch/load_check.py"),
+    GUARD: (BOOL_CHOICES, "the live guard in `vllm serve` (default off): loop, acceptance-collapse and "
+                          "slower-than-plain warnings and vllm_platform_ext:guard_* metrics in /metrics "
+                          "(patch group guard.live; docs/live_guard.md)"),
 }
 # the same for the switches that the benchmarks and the testing kit set, not users; read and checked as the others
 DEV_SWITCHES: dict[str, tuple[str, str]] = {
@@ -67,7 +71,7 @@ DEV_SWITCHES: dict[str, tuple[str, str]] = {
 }
 # every VLLM_PLATFORM_EXT_* variable the plugin reads: problems() knows these names, vLLM's env validation learns them
 KNOWN: dict[str, tuple[str, str]] = {**SWITCHES, **DEV_SWITCHES}
-_BOOLEANS = (STRICT, GDN_VALIDATE, TQ_ROUTE_CHECK)
+_BOOLEANS = (STRICT, GDN_VALIDATE, TQ_ROUTE_CHECK, GUARD)
 _NAME = re.compile(r"^[A-Za-z0-9_.\-]+$")
 
 
