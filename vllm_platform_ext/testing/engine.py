@@ -320,6 +320,7 @@ def engine_path(llm) -> dict:
         out["ssm_cache_dtype"] = f"{ssm} ({str(cfg.model_config.dtype).removeprefix('torch.')})" \
             if ssm == "auto" else ssm
         out["conv_state_layout"] = get_conv_state_layout()
+        out["async_scheduling"] = getattr(cfg.scheduler_config, "async_scheduling", None)  # the scheduling mode
     except Exception as exc:  # a field moved: say so instead of failing the run
         out["error"] = f"{type(exc).__name__}: {exc}"
     try:  # what vLLM allocated for the KV cache (blocks x block size), as its start-up log reports
