@@ -11,8 +11,9 @@ prompts need where not given (a model's own can be 256k tokens), ``language_mode
 checkpoint without vision weights (the kit's), and on the CPU engine a 1 GiB KV cache where
 ``VLLM_CPU_KVCACHE_SPACE`` is unset.
 
-Two engines in turn in this process, plain then speculative: no vLLM line through 0.33 turns speculation off
-per request (``SamplingParams`` has no such switch), so one engine session cannot give both. The plain engine
+Two engines in turn in this process, plain then speculative: vLLM 0.32 has no switch that turns speculation off
+for a request (``SamplingParams`` carries none, ``SpeculativeConfig`` no per-batch disable), so one engine
+session cannot give both; a line that gains one could run both in one engine. The plain engine
 also generates the prompts in the kit's other batch compositions (``engine.COMPOSITIONS``): its own spread,
 the floor a speculative split is judged against. Where the model is small enough (``model_ref.audit_gate``),
 every run is audited against float32 transformers in a separate process (``audit.reference_audits``), a
