@@ -54,7 +54,7 @@ def verify_model(model, *args, env: dict | None = None, out=None) -> tuple[subpr
 
 def verify_report(proc) -> str:
     """The command's report without vLLM's log lines (they start with ``(``), and its stderr's tail."""
-    return "\n".join(ln for ln in proc.stdout.splitlines() if not ln.startswith("("))[-4000:] + proc.stderr[-1500:]
+    return "\n".join(ln for ln in proc.stdout.splitlines() if not ln.startswith("("))[-4000:] + "\n" + proc.stderr[-1500:]
 
 
 def assert_verify_pass(proc, rec) -> None:
