@@ -13,7 +13,9 @@ FAIL (the setup is wrong):
   so a mis-loaded MTP layer shows here and only here (vLLM #36872, #55357);
 - engine drift: the speculative run's top-20 log-probabilities against plain decoding's while their tokens agree
   (the same context), positions past 0.2 nats held to the binomial limit of plain decoding's own count across
-  batch compositions: a state that is off before a token is, with no float32 reference;
+  batch compositions: a state that is off before a token is, with no float32 reference (not judged where the
+  engine quantizes activations: the compressed-tensors W8A8 kit's verify step drifts 6 of 112 positions past it,
+  max 0.28 nats, with plain decoding's own 11 of 112 past it against float32, 2026-12-07);
 - a prompt where speculative and plain decoding part with the speculative token worse than plain's by more
   than the floor: :data:`identity.SPLIT_NATS` (0.5 nats), or plain decoding's own largest split across batch
   compositions (the kit's identity floor, ``identity.floor``) where that is larger. The two tokens share the
@@ -214,7 +216,9 @@ def judge(plain: dict, spec: dict, spec_cfg: dict, kv: str = "auto", audit: dict
         if s and s.get("worse", 0) > floor:
             wrong.append(f"prompt {p + 1} at {s['pos']} ({s['worse']:.2f} nats worse by the {s['by']})")
     out["engine_drift"], drifted = drift_check(plain, spec, alpha)
-    if drifted:
+    if drifted and act_quant:  # quantized activations: int8/fp8 GEMMs of the verify step's shape round otherwise
+        notes.append(f"{drifted} (activations quantized: shown, not judged)")
+    elif drifted:
         fails.append(drifted)
     if wrong:
         fails.append(f"speculative decoding parts from plain decoding with a worse token (> {floor:.2f} nats, plain "
