@@ -58,10 +58,11 @@ def verify_report(proc) -> str:
 
 
 def assert_verify_pass(proc, rec) -> None:
-    """PASS; or WARN for speculative tokens/s under plain's alone (host timing), no other reason."""
+    """PASS; or WARN for speculative tokens/s under plain's alone (host timing), no other FAIL or WARN (notes:
+    what is shown, not judged)."""
     v = rec.get("verdict") or {}
     assert proc.returncode == 0 and v, verify_report(proc)
-    other = [r for r in v["reasons"] if not r.startswith(SPEED_WARNING)]
+    other = [r for r in v["reasons"] if r.startswith(("FAIL", "WARN")) and not r.startswith(SPEED_WARNING)]
     assert v["status"] in ("PASS", "WARN") and not other, v["reasons"]
     assert proc.stdout.rstrip().splitlines()[-1].startswith(f"verify --model: {v['status']}")
 

@@ -30,7 +30,7 @@ def _top(tokens, worse_at=None, gap=0.0, shift=0.0):
 
 
 def _run(tokens, **kw):
-    base = {"tokens": tokens, "logprobs": _top(tokens[0])[:0] or [_top(t) for t in tokens], "error": "",
+    base = {"tokens": tokens, "logprobs": [_top(t) for t in tokens], "error": "",
             "num_drafts": 10, "num_draft_tokens": 30, "num_accepted_tokens": 25, "accepted_per_pos": [9, 8, 8],
             "tokens_per_s": 10.0, "compositions": {}, "composition_logprobs": {}, "patches": {}}
     base.update(kw)
@@ -96,7 +96,8 @@ def test_engine_drift_fails_against_its_batch_floor():
     v = model_judge.judge(_run(long), drifted, SPEC, act_quant=True)
     assert v["status"] == "PASS" and any("shown, not judged" in r for r in v["reasons"]), v["reasons"]
     # plain decoding drifting as much from itself in another batch: the floor, no failure
-    plain = _run(long, compositions={"pairs": long}, composition_logprobs={"pairs": [_top(t, shift=-0.5) for t in long]})
+    plain = _run(long, compositions={"pairs": long},
+                 composition_logprobs={"pairs": [_top(t, shift=-0.5) for t in long]})
     v = model_judge.judge(plain, drifted, SPEC)
     assert v["status"] == "PASS", v["reasons"]
 

@@ -50,7 +50,8 @@ def build_parser() -> argparse.ArgumentParser:
                                                                                 f"(default {DEFAULT_MAX_TOKENS})")
     ap.add_argument("--audit", choices=("auto", "on", "off"), default="auto",
                     help="the float32 transformers audit: auto (default: where the model is at most "
-                         f"{model_ref.AUDIT_MAX_PARAMS / 1e9:g}B parameters and fits a quarter of free memory), on, off")
+                         f"{model_ref.AUDIT_MAX_PARAMS / 1e9:g}B parameters and fits a quarter of free memory), "
+                         "on, off")
     ap.add_argument("--json", help="write the whole record (runs, tokens, counters, verdict) to this file")
     ap.add_argument("--work-dir", help="where a quantized checkpoint's float32 twin is written (default: a temp dir)")
     return ap
@@ -263,7 +264,8 @@ def run(args: argparse.Namespace, engine_argv: list[str]) -> dict:
     on_cpu = accelerator() == "cpu"
     return {"model": args.model, "checkpoint": model_ref.describe(cfg, tensors),
             "engine": _describe_engine(plain if plain.get("engine_path") else spec),
-            "settings_text": ", ".join(settings) or "vLLM's defaults", "engine_kwargs": {k: repr(v) for k, v in kw.items()},
+            "settings_text": ", ".join(settings) or "vLLM's defaults",
+            "engine_kwargs": {k: repr(v) for k, v in kw.items()},
             "speculative": spec_cfg, "speculative_text": f"{json.dumps(spec_cfg)} ({source})",
             "prompts_text": prompts_text, "prompts": prompts, "max_tokens": args.max_tokens,
             "audit_text": audit_text, "seconds": phases, "plain": plain, "spec": spec, "verdict": verdict,
