@@ -293,8 +293,10 @@ def cmd_doctor(args) -> int:
 
 
 def cmd_verify(args) -> int:
-    from vllm_platform_ext.verify import runner
+    from vllm_platform_ext.verify import model_check, runner
 
+    if model_check.wants(args.rest):  # the user's checkpoint (verify/model_check.py), not the kit
+        return model_check.main(args.rest)
     return runner.main(args.rest)
 
 
@@ -320,7 +322,7 @@ def main(argv: list[str] | None = None) -> int:
     d.set_defaults(fn=cmd_doctor)
     # verify and bench own their options (their --help lists them): everything after the
     # sub-command name is passed through unparsed.
-    sub.add_parser("verify", help="end-to-end correctness self-check on tiny models", add_help=False
+    sub.add_parser("verify", help="end-to-end correctness self-check on tiny models (--model PATH: on yours)", add_help=False
                    ).set_defaults(fn=cmd_verify)
     sub.add_parser("bench", help="tokens/s with and without speculative decoding on a tiny model",
                    add_help=False).set_defaults(fn=cmd_bench)

