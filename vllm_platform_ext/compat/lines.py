@@ -72,6 +72,11 @@ def engine_proof() -> dict[str, dict[str, dict]]:
         return {}
 
 
+def _speculative(proof: dict) -> bool:
+    """Whether an engine's proof holds a passing speculative cell (a file without ``modes``: assumed so)."""
+    return any(m != "base" for m in proof.get("modes", ("mtp",)))
+
+
 def support(version: str) -> dict:
     """The support status of the line of vLLM ``version`` (any form ``schemas.parse_version`` reads)."""
     try:
@@ -80,7 +85,8 @@ def support(version: str) -> dict:
         return {"line": None, "status": UNKNOWN, "detail": str(exc)}
     proof = engine_proof().get(label(key), {})
     if proof:
-        where = " / ".join(d.upper() for d in sorted(proof))
+        where = " / ".join(d.upper() if _speculative(p) else f"{d.upper()}: plain decoding only"
+                           for d, p in sorted(proof.items()))
         runs = sum(len(p["runs"]) for p in proof.values())
         cells = sum(p["cells_passed"] for p in proof.values())
         return {"line": label(key), "status": f"{PROVEN} ({where})", "engines": sorted(proof),
