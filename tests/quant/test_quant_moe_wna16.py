@@ -226,8 +226,8 @@ def test_vendor_registration_is_left_alone(vendor_registered, kernel_group):
     # its own apply calls no kernel object (the disable_inplace group's); the apply_monolithic it inherits
     # is vLLM's, covered
     assert state == ("registered by a plugin, kept; vendor_plugin.quant_config.VendorMoeWNA16Method: apply_monolithic "
-                     "covered by moe.wna16_kernel_call; apply call(s) fused_experts itself (no kernel object: "
-                     "moe.wna16_kernel_call not applicable, its inplace reading is moe.disable_inplace_default's)"), state
+                     "covered by moe.wna16_kernel_call; apply call no kernel object "
+                     "(moe.wna16_kernel_call not applicable; an inplace reading there is moe.disable_inplace_default's)"), state
 
 
 def test_doctor_row_for_vllms_own_config(kernel_group):

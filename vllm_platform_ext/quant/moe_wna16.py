@@ -255,7 +255,7 @@ def _qualname(cls: type) -> str:
 def kernel_call_state(cls: type) -> str:
     """Whether ``moe.wna16_kernel_call`` covers MoE method class ``cls`` in this process now, per method
     (own or inherited): it carries the group's replacement (covered), calls ``self.moe_kernel`` without it
-    (bare: the group skipped or disabled), or calls no kernel object (``fused_experts`` itself)."""
+    (bare: the group skipped or disabled), or calls no kernel object (``fused_experts`` itself, or none)."""
     from vllm_platform_ext.patching import carries
 
     by = {"covered": [], "bare": [], "none": []}
@@ -272,8 +272,8 @@ def kernel_call_state(cls: type) -> str:
         parts.append(f"{', '.join(by['bare'])} call the kernel bare, not through KernelCallAdapter "
                      f"({KERNEL_CALL_GROUP} skipped or disabled)")
     if by["none"]:
-        parts.append(f"{', '.join(by['none'])} call(s) fused_experts itself (no kernel object: {KERNEL_CALL_GROUP} "
-                     f"not applicable, its inplace reading is {DISABLE_INPLACE_GROUP}'s)")
+        parts.append(f"{', '.join(by['none'])} call no kernel object ({KERNEL_CALL_GROUP} not applicable; "
+                     f"an inplace reading there is {DISABLE_INPLACE_GROUP}'s)")
     return f"{_qualname(cls)}: " + "; ".join(parts)
 
 
@@ -304,7 +304,8 @@ def doctor_row() -> list[str]:
 GROUPS = [
     PatchGroup(
         name=KERNEL_CALL_GROUP,
-        why="vLLM 0.32 dropped FusedMoEKernel.apply's inplace argument, and every path that builds moe_wna16 "
+        why="fused-experts kernels differ in whether apply takes inplace (older APIs and a plugin's kernel do; "
+            "FusedMoEKernel takes none on any kept line, 0.22-0.34), and every path that builds moe_wna16 "
             "methods (the registry name, AutoGPTQ's fallback, INC, vLLM-metax's configs) ends in vLLM's "
             "MoeWNA16Method or a subclass of it: their kernel call goes through KernelCallAdapter, which passes "
             "inplace exactly where the kernel's apply/apply_monolithic takes it (a plugin's subclass imported "
@@ -312,7 +313,8 @@ GROUPS = [
         build=_kernel_call_build,
         skip_if=_kernel_call_skip,
         targets=tuple(f"{WNA16_METHOD}.{a}" for a in ("__init__", *KERNEL_METHODS)),
-        upstream="none: guards FusedMoEKernel.apply's inplace argument drift (vLLM 0.32 dropped it)",
+        upstream="none: guards the fused-experts kernels' inplace argument drift (FusedMoEKernel.apply / "
+                 "apply_monolithic take none on 0.22-0.34, read from each line's wheel 2026-12-07)",
         retire="when no served line's kernel API differs in inplace from its callers (then the group can go with "
                "KernelCallAdapter); tests/quant/test_quant_mtp_layer.py::test_kernel_call_group_reaches_vllms_own_method",
     ),
