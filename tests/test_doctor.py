@@ -31,6 +31,13 @@ def test_doctor_json_sections():
     assert names[("patch", "gdn.cpu_spec_decode")] == "applied"
     assert names[("patch", "mamba.cpu_align_copies")] == "applied"  # no triton-cpu here (issue 30)
     assert names[("patch", "spec.draft_ids_in_vocab")] == "applied"  # vLLM 0.32 caps no draft id >= vocab_size
+    # moe_wna16: vLLM's registry left alone (no quantization config of ours), its method covered by the group
+    assert not [k for k in names if k[0] == "quant"], sorted(names)
+    wna16 = "vllm.model_executor.layers.quantization.moe_wna16"
+    assert [r for r in info["fix_targets"] if r[0] == "moe_wna16"] == [
+        ["moe_wna16", f"{wna16}.MoeWNA16Config",
+         f"vLLM's own; {wna16}.MoeWNA16Method: apply, apply_monolithic covered by moe.wna16_kernel_call"]], \
+        info["fix_targets"]
     assert {r["op"] for r in info["ops"]} >= {"gdn.causal_conv1d_update", "gdn.recurrent_gated_delta_rule"}
     # which TurboQuant verify kernel each preset takes: here (no GPU) each names its SM condition
     # (or v2 where this Triton has no Gluon)

@@ -3,7 +3,8 @@
 
 :func:`early_compat` runs the compat step when vLLM's loader imports the entry point's module, i.e.
 before the loader calls any general plugin -- vLLM-metax's included -- in either entry-point order.
-:func:`run` then runs the switch check, op registration, quantization configs and patch groups;
+:func:`run` then runs the switch check, op registration and the patch groups (the quantization groups
+of :mod:`vllm_platform_ext.quant` among them);
 each item is recorded in one report per process (:func:`report`, :func:`info`). Importing this
 module does nothing.
 """
@@ -77,7 +78,7 @@ def run() -> None:
     with _lock:
         if _report is not None:
             return
-        from vllm_platform_ext import envs, ops, patch, quant
+        from vllm_platform_ext import envs, ops, patch
         from vllm_platform_ext.patching import apply_group, strict_mode
 
         early_compat()  # no-op where vLLM's loader already ran it at import
@@ -93,7 +94,6 @@ def run() -> None:
         strict = strict_mode()
         steps = [
             ("ops", lambda: ops.register_all(rep)),
-            ("quant", lambda: quant.register(rep)),
             ("patch", lambda: [apply_group(g, rep) for g in patch.groups()]),
         ]
         try:

@@ -86,14 +86,9 @@ def fix_targets() -> list[list[str]]:
     plugin may have registered its own class after our bootstrap): ``[fix, class, state]``."""
     rows = []
     try:
-        from vllm.model_executor.layers.quantization import get_quantization_config
-
         from vllm_platform_ext.quant import moe_wna16
 
-        cfg = get_quantization_config(moe_wna16.NAME)
-        ours = cfg.__module__ == moe_wna16.__name__
-        rows.append(["moe_wna16", f"{cfg.__module__}.{cfg.__qualname__}",
-                     "ours (inplace via KernelCallAdapter)" if ours else "kept as registered"])
+        rows.append(moe_wna16.doctor_row())  # the config vLLM serves; moe.wna16_kernel_call on its method
     except Exception as exc:
         rows.append(["moe_wna16", "-", f"unavailable: {type(exc).__name__}: {exc}"])
     try:

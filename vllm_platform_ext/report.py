@@ -14,7 +14,7 @@ class Status(str, enum.Enum):
 
 @dataclass
 class Entry:
-    step: str  # "compat" | "ops" | "patch" | "quant" | ...
+    step: str  # "compat" | "ops" | "patch" | "switches" | ...
     name: str
     status: Status
     detail: str = ""

@@ -4,13 +4,15 @@ like any installed plugin, whose platform (a CpuPlatform subclass, so it runs on
 the active one and whose general plugin registers
 
 * its own ``moe_wna16`` quantization config (vLLM-metax: ``MacaMoeWNA16Config``) whose MoE
-  method reads ``self.moe.disable_inplace`` (vLLM-metax's v0.23/v0.24 lines), and
+  method reads ``self.moe.disable_inplace`` (vLLM-metax's v0.23/v0.24 lines), beside a method that
+  calls its kernel object in its own ``apply``, and
 * its own TurboQuant attention backend under ``AttentionBackendEnum.TURBOQUANT`` (a copy with
   its own builder and impl methods).
 
 In a fresh process, vLLM resolves the platform and loads every general plugin (ours and the
 vendor's, in whatever order the entry points come). Then: our platform probe stood aside, the
-vendor's config is the one registered, its MoE method runs (our ``disable_inplace`` default),
+vendor's config is the one registered (ours registers none), its MoE method runs (our
+``disable_inplace`` default), its kernel-calling method passes ``inplace`` through ``moe.wna16_kernel_call``,
 and resolving the TurboQuant backend as vLLM's selector does lands our verify routing on the
 vendor's classes: a uniform K+1 verify batch through the vendor impl's forward reaches the
 plugin's op and matches the reference attention, another batch keeps the vendor's forward; doctor lists each fix with its target class. Runs with the plugins loaded in
@@ -62,6 +64,11 @@ QUANT = textwrap.dedent('''
     class VendorMoeWNA16Method(MoeWNA16Method):
         def apply(self, layer, x, *args, **kwargs):
             return {"inplace": not self.moe.disable_inplace}  # vLLM-metax v0.23/v0.24
+
+
+    class VendorKernelMoeWNA16Method(MoeWNA16Method):
+        def apply(self, layer, x, *args, **kwargs):  # its own call of its kernel object
+            return self.moe_kernel.apply(x, None, None, None, None, None, 4, None, False)
 
 
     class VendorMoeWNA16Config(MoeWNA16Config):
@@ -164,6 +171,32 @@ CHILD = textwrap.dedent('''
                 if isinstance(res, torch.Tensor) else None,
                 "untagged": other if isinstance(other, str) else type(other).__name__}
 
+    def vendor_kernel_call(cfg):
+        """The vendor's kernel-calling method, built as its config builds it (vLLM's MoeWNA16Method.__init__
+        runs), calling a kernel whose apply takes inplace (an older API): does the call carry it?"""
+        from vllm.model_executor.layers.fused_moe.activation import MoEActivation
+        from vllm.model_executor.layers.fused_moe import config as C
+        from vendor_oot.quant import VendorKernelMoeWNA16Method
+
+        class LegacyKernel:
+            is_monolithic = False
+
+            def apply(self, hidden_states, *args, inplace="not passed", **kwargs):
+                return inplace
+
+        parallel = C.FusedMoEParallelConfig(tp_size=1, pcp_size=1, dp_size=1, ep_size=1, tp_rank=0, pcp_rank=0,
+                                            dp_rank=0, ep_rank=0, sp_size=1, use_ep=False, all2all_backend="naive",
+                                            enable_eplb=False)
+        moe = C.FusedMoEConfig(num_experts=4, experts_per_token=2, hidden_dim=128, intermediate_size=128,
+                               num_local_experts=4, num_logical_experts=4, activation=MoEActivation.SILU, device="cpu",
+                               routing_method=C.RoutingMethodType.Renormalize, moe_parallel_config=parallel,
+                               in_dtype=torch.bfloat16)
+        gptq = {"quant_method": "gptq", "bits": 4, "group_size": 128, "sym": True, "desc_act": False}
+        before = patching.carries(VendorKernelMoeWNA16Method, "apply", "moe.wna16_kernel_call")
+        method = VendorKernelMoeWNA16Method(cfg.from_config(gptq), moe)
+        method.moe_kernel = LegacyKernel()
+        return {"covered_at_bootstrap": before, "inplace": method.apply(None, torch.ones(1, 128))}
+
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     from vllm.platforms import current_platform
     from vllm.plugins import load_general_plugins
@@ -185,13 +218,15 @@ CHILD = textwrap.dedent('''
         out["vendor_moe_apply"] = method.apply(None, torch.ones(1))
     except AttributeError as e:
         out["vendor_moe_apply"] = f"AttributeError: {e}"
+    out["vendor_kernel_apply"] = vendor_kernel_call(cfg)
     backend = selector.resolve_obj_by_qualname(AttentionBackendEnum.TURBOQUANT.get_path())
     out["turboquant_backend"] = f"{backend.__module__}.{backend.__qualname__}"
     out["vendor_forward_patched"] = patching.is_patched("vendor_oot.attn:VendorTurboQuantImpl.forward")
     out["verify_batch"] = verify_batch_through_vendor_forward()
     info = cli.collect()
     out["entries"] = {e["name"]: [e["status"], e["detail"]] for e in info["bootstrap"]["entries"]
-                      if e["step"] in ("patch", "quant")}
+                      if e["step"] == "patch"}
+    out["steps"] = sorted({e["step"] for e in info["bootstrap"]["entries"]})
     out["compat_table"] = info["compat_table"]
     out["fix_targets"] = info["fix_targets"]
     print("JSON" + json.dumps(out))
@@ -240,10 +275,24 @@ def test_fixes_land_on_the_vendor_classes(tmp_path, vendor_first):
     assert e["turboquant_spec_verify -> vendor_oot.attn.VendorTurboQuantBackend"][0] == "applied"
     assert "vendor_oot.attn:VendorTurboQuantImpl.forward" in e["turboquant_spec_verify -> "
                                                                "vendor_oot.attn.VendorTurboQuantBackend"][1]
-    if vendor_first:  # the vendor registered before our bootstrap: kept, and said so
-        assert e["moe_wna16"][0] == "skipped" and "kept vendor_oot.quant.VendorMoeWNA16Config" in e["moe_wna16"][1]
+    # the registry is the vendor's, whichever order: the bootstrap registers no quantization config of its own
+    assert "quant" not in out["steps"] and "moe_wna16" not in e, (out["steps"], sorted(e))
+    # the vendor's kernel-calling method gets inplace through the adapter: patched at bootstrap where the
+    # vendor's module was imported by then, else when vLLM's MoeWNA16Method.__init__ first builds it (recorded)
+    vk = out["vendor_kernel_apply"]
+    assert vk["inplace"] is True, vk
+    late = "moe.wna16_kernel_call -> vendor_oot.quant:VendorKernelMoeWNA16Method.apply"
+    assert (late in e) is not vk["covered_at_bootstrap"], {k: v for k, v in e.items() if "wna16" in k}
+    assert vk["covered_at_bootstrap"] or e[late][0] == "applied", e[late]
+    print(f"\n[vendor {'first' if vendor_first else 'last'}] vendor kernel method covered at bootstrap: "
+          f"{vk['covered_at_bootstrap']}")
     assert out["compat_table"]["table"] == "0.32" and not out["compat_table"]["note"]
     # doctor's live view names the vendor's classes whichever order the plugins ran in
-    assert ["moe_wna16", "vendor_oot.quant.VendorMoeWNA16Config", "kept as registered"] in out["fix_targets"]
+    covered = "apply, apply_monolithic covered by moe.wna16_kernel_call"
+    assert ["moe_wna16", "vendor_oot.quant.VendorMoeWNA16Config",
+            "registered by a plugin, kept; vendor_oot.quant.VendorMoeWNA16Method: apply_monolithic covered by "
+            "moe.wna16_kernel_call; apply call no kernel object (moe.wna16_kernel_call not applicable; "
+            "an inplace reading there is moe.disable_inplace_default's); "
+            f"vendor_oot.quant.VendorKernelMoeWNA16Method: {covered}"] in out["fix_targets"], out["fix_targets"]
     tq_rows = [r for r in out["fix_targets"] if r[:2] == ["turboquant_spec_verify", "vendor_oot.attn.VendorTurboQuantBackend"]]
     assert len(tq_rows) == 1 and tq_rows[0][2].startswith("patched; cache ("), out["fix_targets"]  # + the probed layout

@@ -12,8 +12,8 @@ branch and order a fresh process shows:
   import -- in the process and (metax-first order) in a spawned child, as a spawned EngineCore;
 * each fix lands on the class the branch uses: its TurboQuant backend (still ours after
   vLLM-metax's ``register_attention_backends()`` runs again, as its ``get_attn_backend_cls``
-  does on every call), its ``moe_wna16`` (its MoE method's ``apply`` runs on the line's
-  ``FusedMoEConfig`` where it reads ``disable_inplace``; "not needed" where it does not), GDN
+  does on every call), its ``moe_wna16`` (its registration untouched; its MoE method's ``apply`` runs on the
+  line's ``FusedMoEConfig`` where it reads ``disable_inplace``; "not needed" where it does not), GDN
   (master: its ``ChunkGatedDeltaRule`` OOT op kept, no second ``register_oot``; our layer fix
   applied); doctor names the branch and each target.
 
@@ -192,6 +192,7 @@ def state(spawned=False):
     out["runs"] = v.bootstrap.info()["runs"]
     out["entries"] = {e["name"]: [e["status"], e["detail"][:300]] for e in v.bootstrap.info()["entries"]
                       if e["step"] != "compat" or e["status"] == "failed"}
+    out["steps"] = sorted({e["step"] for e in v.bootstrap.info()["entries"]})
     if spawned:
         return out
     from vllm_platform_ext import cli
@@ -337,6 +338,15 @@ def test_platform_compat_order_and_fix_targets(branch, metax_first, line_dirs, m
         assert rows["gdn.chunk_op"][0] == chunk and "kept" in rows["gdn.chunk_op"][1]
     fix = {r[0]: r[1:] for r in doc["fix_targets"]}
     assert fix["moe_wna16"][0] == moe["config"] and fix["turboquant_spec_verify"][0] == tq["first"]["backend"]
+    # vLLM-metax's registration is untouched (our bootstrap registers no quantization config) and its
+    # method is covered: it calls no kernel object (the kernel-call group is not applicable on its lines),
+    # its inplace reading is moe.disable_inplace_default's (asserted above)
+    assert "quant" not in out["steps"] and "moe_wna16" not in out["entries"], out["steps"]
+    if moe["apply"] != "no MoE method of its own":
+        method = moe["config"].rsplit(".", 1)[0] + ".MoeWNA16Method"
+        assert fix["moe_wna16"][1] == (
+            f"registered by a plugin, kept; {method}: apply, apply_monolithic call no kernel object "
+            "(moe.wna16_kernel_call not applicable; an inplace reading there is moe.disable_inplace_default's)"), fix
     # patched, with the cache layout probed from vLLM-metax's own backend (its get_kv_cache_shape on 0.22-0.25)
     state = fix["turboquant_spec_verify"][1]
     assert state.startswith("patched; cache (") and "MacaTurboQuantAttentionBackend" in state, state

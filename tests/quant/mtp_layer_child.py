@@ -152,32 +152,73 @@ def cases(ckpt: str) -> dict:
     return out
 
 
+UNSET = "not passed"
+
+
 def kernel_call(applicable: bool) -> dict:
-    """vLLM's MoeWNA16Method (what every non-registry path builds) calling an older kernel API that
-    takes ``inplace``: does the call carry it?"""
-    from vllm.model_executor.layers.quantization.moe_wna16 import MoeWNA16Method
+    """vLLM's MoeWNA16Method (what every path builds: the registry name, AutoGPTQ's fallback, INC, a plugin's
+    config) calling a kernel object: does each call carry ``inplace``? Kernels: an older API whose
+    ``apply`` / ``apply_monolithic`` take it, and the line's own ``FusedMoEKernel`` class (its real
+    signature; its call recorded on the instance). Where the line's method has no kernel object, whether
+    its class mentions one at all (the retired registry subclass acted only on a set ``moe_kernel``)."""
+    import inspect
 
+    from vllm.model_executor.layers.quantization import get_quantization_config
+    from vllm.model_executor.layers.quantization.moe_wna16 import MoeWNA16Config, MoeWNA16Method
+
+    served = get_quantization_config("moe_wna16") is MoeWNA16Config
     if not applicable:
-        return {"applicable": False}
-    seen = {}
-
-    class LegacyKernel:  # an apply that takes inplace (older fused-experts API); None = not passed
-        is_monolithic = False
-
-        def apply(self, hidden_states, *args, inplace=None, **kwargs):
-            seen["inplace"] = inplace
-            return hidden_states
-
+        return {"applicable": False, "served_vllms_own": served,
+                "class_mentions_moe_kernel": "moe_kernel" in inspect.getsource(MoeWNA16Method),
+                "own_select_gemm_impl": "select_gemm_impl" in vars(MoeWNA16Method)}
     import torch
     from types import SimpleNamespace
+    from vllm.model_executor.layers.fused_moe.modular_kernel import FusedMoEKernel
 
-    method = object.__new__(MoeWNA16Method)
-    method.__dict__.update(moe=moe_layer(128).moe_config, moe_kernel=LegacyKernel())
+    seen = {}
+
+    class LegacyKernel:  # an older fused-experts API: apply / apply_monolithic take inplace
+        is_monolithic = False
+
+        def apply(self, hidden_states, *args, inplace=UNSET, **kwargs):
+            seen["legacy"] = inplace
+            return hidden_states
+
+    class LegacyMonolithic:
+        is_monolithic = True
+
+        def apply_monolithic(self, hidden_states, *args, inplace=UNSET, **kwargs):
+            seen["legacy_monolithic"] = inplace
+            return hidden_states
+
+    class LineKernel(FusedMoEKernel):  # the line's class, its apply signature as shipped
+        is_monolithic = False
+
+        def __init__(self):
+            pass
+
+    def real_apply(hidden_states, *args, **kwargs):
+        seen["real"] = kwargs.get("inplace", UNSET)
+        return hidden_states
+
+    line_kernel = LineKernel()
+    line_kernel.apply = real_apply  # the call lands here; KernelCallAdapter reads the class's signature
     layer = SimpleNamespace(w13_weight=None, w2_weight=None, activation=None, global_num_experts=4, expert_map=None,
-                            apply_router_weight_on_input=False)
-    method.apply(layer, torch.ones(1, 4), torch.ones(1, 2), torch.zeros(1, 2, dtype=torch.int32), None, None)
-    return {"applicable": True, "adapted": type(method.moe_kernel).__name__ == "KernelCallAdapter",
-            "inplace": seen.get("inplace")}
+                            apply_router_weight_on_input=False, num_expert_group=None, topk_group=None,
+                            e_score_correction_bias=None, routed_scaling_factor=1.0, routing_sink=None)
+    x = torch.ones(1, 4)
+    adapted = {}
+    for name, kernel in (("legacy", LegacyKernel()), ("legacy_monolithic", LegacyMonolithic()), ("real", line_kernel)):
+        method = object.__new__(MoeWNA16Method)
+        method.__dict__.update(moe=moe_layer(128).moe_config, moe_kernel=kernel)
+        if kernel.is_monolithic:
+            method.apply_monolithic(layer, x, torch.ones(1, 4))
+        else:
+            method.apply(layer, x, torch.ones(1, 2), torch.zeros(1, 2, dtype=torch.int32), None, None)
+        adapted[name] = type(method.moe_kernel).__name__ == "KernelCallAdapter"
+    return {"applicable": True, "served_vllms_own": served, "adapted": adapted, "inplace": seen,
+            "real_takes_inplace": "inplace" in inspect.signature(FusedMoEKernel.apply).parameters,
+            "real_monolithic_takes_inplace": "inplace" in inspect.signature(FusedMoEKernel.apply_monolithic).parameters}
 
 
 def main() -> dict:

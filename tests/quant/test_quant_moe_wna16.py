@@ -1,5 +1,10 @@
-"""``moe_wna16`` hardening with vLLM's real config, quantization registry and MoE method,
-on a ``FusedMoEConfig`` with and without ``disable_inplace``."""
+"""``moe_wna16`` hardening with vLLM's real config, quantization registry and MoE method, on a
+``FusedMoEConfig`` with and without ``disable_inplace``.
+
+Nothing of the plugin's is registered: the registry serves vLLM's own ``MoeWNA16Config`` (or a vendor
+plugin's), and ``moe.wna16_kernel_call`` patches vLLM's ``MoeWNA16Method`` itself. The kernel cases below
+apply the group through ``patching.apply_group``, so ``VLLM_PLATFORM_EXT_DISABLE=moe.wna16_kernel_call``
+leaves it off: they fail then (the kernel is called bare, an older API never gets ``inplace``)."""
 from __future__ import annotations
 
 import dataclasses
@@ -22,7 +27,7 @@ from vllm.model_executor.layers.fused_moe.modular_kernel import FusedMoEKernel
 from vllm.model_executor.layers.quantization import get_quantization_config
 from vllm.model_executor.layers.quantization.moe_wna16 import MoeWNA16Config, MoeWNA16Method
 from conftest import group_off
-from vllm_platform_ext import quant
+from vllm_platform_ext import patching, quant
 from vllm_platform_ext.platform import MacaPlatform
 from vllm_platform_ext.quant import moe_wna16
 from vllm_platform_ext.report import Report
@@ -63,11 +68,17 @@ def maca_oracle(monkeypatch):
 
 
 @pytest.fixture
-def registered():
-    report = Report()
-    quant.register(report)
-    yield report
-    moe_wna16.unregister()
+def kernel_group():
+    """``moe.wna16_kernel_call`` applied as the bootstrap applies it (honouring VLLM_PLATFORM_EXT_DISABLE);
+    the session's state put back after. Yields the group's report entry."""
+    (group,) = [g for g in quant.groups() if g.name == moe_wna16.KERNEL_CALL_GROUP]
+    with group_off(group):
+        report = Report()
+        patching.apply_group(group, report)
+        try:
+            yield report.find("patch", group.name)
+        finally:
+            patching.restore(group.name)
 
 
 def _routed_experts(moe_config) -> RoutedExperts:
@@ -100,7 +111,7 @@ class LegacyKernel(_Recorder):
 
     def apply(self, hidden_states, w1, w2, topk_weights, topk_ids, activation, global_num_experts,
               expert_map, apply_router_weight_on_input, shared_experts=None, shared_experts_input=None,
-              inplace=False):
+              inplace="not passed"):
         return self._record(**{k: v for k, v in locals().items() if k != "self"})
 
 
@@ -116,24 +127,28 @@ def test_moe_inplace(name):
     assert moe_wna16.moe_inplace(make()) is expected
 
 
-def test_registered_through_vllm_registry(registered):
-    entry = registered.find("quant", "moe_wna16")
-    assert entry is not None and entry.status.value == "applied"
-    config_cls = get_quantization_config("moe_wna16")
-    assert config_cls is moe_wna16.classes()[0] and issubclass(config_cls, MoeWNA16Config)
-    moe_wna16.unregister()
+def test_vllms_own_config_is_served(kernel_group):
+    """The registry is vLLM's: the plugin registers no moe_wna16 config, and its bootstrap reports no
+    quantization-registry step; the group lands on vLLM's own MoeWNA16Method."""
+    import vllm_platform_ext
+
     assert get_quantization_config("moe_wna16") is MoeWNA16Config
+    assert kernel_group.status.value == "applied", kernel_group
+    assert {f"{MoeWNA16Method.__module__}:MoeWNA16Method.{a}" for a in moe_wna16.KERNEL_METHODS} \
+        <= set(patching.applied_targets(moe_wna16.KERNEL_CALL_GROUP))
+    report = vllm_platform_ext.bootstrap.report()
+    assert report is None or not [e for e in report.entries if e.step == "quant"], report.as_list()
 
 
 @pytest.mark.parametrize("name", list(CONFIGS))
 @pytest.mark.parametrize("kernel_cls", [CurrentKernel, LegacyKernel])
-def test_apply_with_and_without_disable_inplace(registered, maca_oracle, name, kernel_cls):
+def test_apply_with_and_without_disable_inplace(kernel_group, maca_oracle, name, kernel_cls):
     make, expected_inplace = CONFIGS[name]
     moe_config = make()
     qconfig = get_quantization_config("moe_wna16").from_config(GPTQ)
     method = qconfig.get_quant_method(_routed_experts(moe_config), "model.layers.0.mlp.experts")
-    # vLLM's own oracle chose the backend MetaX runs (Triton); only the class changed.
-    assert isinstance(method, MoeWNA16Method) and type(method) is moe_wna16.classes()[1]
+    # vLLM's own config and method; its oracle chose the backend MetaX runs (Triton)
+    assert type(qconfig) is MoeWNA16Config and type(method) is MoeWNA16Method
     assert method.wna16_backend == int_wna16.WNA16MoEBackend.TRITON
 
     kernel = kernel_cls()
@@ -145,9 +160,10 @@ def test_apply_with_and_without_disable_inplace(registered, maca_oracle, name, k
     assert torch.equal(out, x * 2)
     (call,) = kernel.calls
     if kernel_cls is LegacyKernel:
-        assert call["inplace"] is expected_inplace
+        assert call["inplace"] is expected_inplace, call["inplace"]
     else:
         assert "inplace" not in call
+    assert isinstance(method.moe_kernel, moe_wna16.KernelCallAdapter), type(method.moe_kernel)
     assert method.moe_kernel.wrapped is kernel  # adapter forwards; second call reuses it
     method.apply(layer, x, torch.ones(2, 2), torch.zeros(2, 2, dtype=torch.int32), None, None)
     assert len(kernel.calls) == 2
@@ -161,17 +177,9 @@ def test_adapter_drops_inplace_for_kernels_without_it():
     assert "inplace" not in kernel.calls[0]
 
 
-def test_non_moe_layers_untouched(registered):
+def test_non_moe_layers_untouched(kernel_group):
     qconfig = get_quantization_config("moe_wna16").from_config(GPTQ)
     assert qconfig.get_quant_method(torch.nn.Identity(), "x") is None
-
-
-def test_config_pickles_for_worker_processes(registered):
-    import pickle
-
-    qconfig = get_quantization_config("moe_wna16").from_config(GPTQ)
-    clone = pickle.loads(pickle.dumps(qconfig))
-    assert type(clone) is type(qconfig) and clone.weight_bits == 4
 
 
 # ---- beside a vendor plugin (vLLM-metax registers its own moe_wna16 config) -------------------
@@ -202,7 +210,6 @@ def vendor_registered():
     from vllm.model_executor.layers import quantization as q
     from vllm.model_executor.layers.quantization import register_quantization_config
 
-    moe_wna16.unregister()
     before = dict(q._CUSTOMIZED_METHOD_TO_QUANT_CONFIG)
     register_quantization_config("moe_wna16")(VendorMoeWNA16Config)
     yield
@@ -210,19 +217,33 @@ def vendor_registered():
     q._CUSTOMIZED_METHOD_TO_QUANT_CONFIG.update(before)
 
 
-def test_vendor_registration_is_kept(vendor_registered):
-    report = Report()
-    quant.register(report)
-    entry = report.find("quant", "moe_wna16")
-    assert entry.status.value == "skipped" and "kept vendor_plugin.quant_config.VendorMoeWNA16Config" in entry.detail
+def test_vendor_registration_is_left_alone(vendor_registered, kernel_group):
+    """The moe_wna16 groups applied beside a vendor's registration: the registry still serves the
+    vendor's config; doctor names it and says which group its method's inplace reading is."""
     assert get_quantization_config("moe_wna16") is VendorMoeWNA16Config
+    name, config, state = moe_wna16.doctor_row()
+    assert (name, config) == ("moe_wna16", "vendor_plugin.quant_config.VendorMoeWNA16Config")
+    # its own apply calls no kernel object (the disable_inplace group's); the apply_monolithic it inherits
+    # is vLLM's, covered
+    assert state == ("registered by a plugin, kept; vendor_plugin.quant_config.VendorMoeWNA16Method: apply_monolithic "
+                     "covered by moe.wna16_kernel_call; apply call no kernel object "
+                     "(moe.wna16_kernel_call not applicable; an inplace reading there is moe.disable_inplace_default's)"), state
+
+
+def test_doctor_row_for_vllms_own_config(kernel_group):
+    """With the group applied vLLM's own method is covered; with it off (the bootstrap's state under
+    VLLM_PLATFORM_EXT_DISABLE) doctor says its kernel is called bare."""
+    row = moe_wna16.doctor_row()
+    own = "vllm.model_executor.layers.quantization.moe_wna16.MoeWNA16Method"
+    assert row == ["moe_wna16", "vllm.model_executor.layers.quantization.moe_wna16.MoeWNA16Config",
+                   f"vLLM's own; {own}: apply, apply_monolithic covered by moe.wna16_kernel_call"], row
+    patching.restore(moe_wna16.KERNEL_CALL_GROUP)
+    assert "apply, apply_monolithic call the kernel bare, not through KernelCallAdapter" in moe_wna16.doctor_row()[2]
 
 
 def test_vendor_method_reads_disable_inplace_only_with_the_group(vendor_registered, maca_oracle):
     """vLLM 0.32's FusedMoEConfig has no disable_inplace (like 0.23-0.26): the vendor's method
     raises AttributeError on it; with moe.disable_inplace_default applied it runs, in place."""
-    from vllm_platform_ext import patching
-
     (group,) = [g for g in quant.groups() if g.name == moe_wna16.DISABLE_INPLACE_GROUP]
     with group_off(group):  # the session's bootstrap may hold it: off for the "before" half, back after
         try:
@@ -248,3 +269,41 @@ def test_disable_inplace_group_not_needed_where_the_field_exists(monkeypatch):
     monkeypatch.setattr(cfg, "FusedMoEConfig", LegacyFusedMoEConfig)
     (group,) = [g for g in quant.groups() if g.name == moe_wna16.DISABLE_INPLACE_GROUP]
     assert group.skip_if() == "not needed: this vLLM's FusedMoEConfig has disable_inplace"
+
+
+LATE_VENDOR = '''
+from vllm.model_executor.layers.quantization.moe_wna16 import MoeWNA16Method
+
+
+class LateVendorMethod(MoeWNA16Method):
+    """A plugin's method calling its kernel object in its own apply."""
+
+    def apply(self, layer, x, *args, **kwargs):
+        return self.moe_kernel.apply(x, None, None, None, None, None, 4, None, False)
+'''
+
+
+def test_a_vendor_subclass_imported_after_the_group_gets_it_at_construction(kernel_group, maca_oracle, tmp_path,
+                                                                             monkeypatch):
+    """A plugin whose general plugin runs after our bootstrap: its kernel-calling subclass did not exist
+    when the group was applied; vLLM's MoeWNA16Method.__init__ (which its construction runs) lands the
+    group on it, so its first apply already calls the kernel through KernelCallAdapter."""
+    import importlib
+    import sys
+
+    (tmp_path / "late_vendor_moe.py").write_text(LATE_VENDOR)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    mod = importlib.import_module("late_vendor_moe")
+    try:
+        assert not patching.carries(mod.LateVendorMethod, "apply", moe_wna16.KERNEL_CALL_GROUP)
+        method = mod.LateVendorMethod(MoeWNA16Config.from_config(GPTQ), _moe_config())
+        assert patching.carries(mod.LateVendorMethod, "apply", moe_wna16.KERNEL_CALL_GROUP)
+        kernel = LegacyKernel()
+        method.moe_kernel = kernel
+        method.apply(None, torch.ones(2, 128))
+        assert kernel.calls[0]["inplace"] is True  # no field on this line: in place
+        assert moe_wna16.kernel_call_state(mod.LateVendorMethod) == \
+            "late_vendor_moe.LateVendorMethod: apply, apply_monolithic covered by moe.wna16_kernel_call"
+    finally:
+        patching.restore(moe_wna16.KERNEL_CALL_GROUP)  # its patch with the group's, before the module goes
+        sys.modules.pop("late_vendor_moe", None)

@@ -87,18 +87,27 @@ def test_without_the_group_the_lines_code_quantizes_the_mtp_layer(line):
 
 
 def test_kernel_call_group_reaches_vllms_own_method(line):
-    """``moe.wna16_kernel_call`` on vLLM's ``MoeWNA16Method`` (what AutoGPTQ's fallback, INC and a
-    plugin's config build, none through the registry): an older kernel API gets ``inplace``; where
-    the line's ``apply`` calls ``fused_experts`` itself (0.22-0.26) the group is skipped as not applicable."""
+    """``moe.wna16_kernel_call`` on vLLM's ``MoeWNA16Method`` (what the registry name -- vLLM's own config,
+    nothing of ours registered --, AutoGPTQ's fallback, INC and a plugin's config build): a kernel whose
+    ``apply`` / ``apply_monolithic`` takes ``inplace`` gets it, the line's own ``FusedMoEKernel`` gets it
+    exactly when its signature takes it. Where the line's ``apply`` calls ``fused_experts`` itself (0.22-0.26)
+    the group is skipped as not applicable, and the class never holds a kernel object (nothing for an adapter
+    to wrap: the retired registry subclass did nothing there either)."""
     key, got = line
     status, detail = got["groups"][KERNEL_GROUP]
-    if not got["kernel_off"]["applicable"]:
+    off, on = got["kernel_off"], got["kernel_on"]
+    assert off["served_vllms_own"] and on["served_vllms_own"], (off, on)  # the registry is left alone
+    if not off["applicable"]:
         assert status == "skipped" and "not applicable" in detail, (status, detail)
         assert key <= (0, 26)
+        assert not on["class_mentions_moe_kernel"] and not on["own_select_gemm_impl"], on
         return
     assert status == "applied", (status, detail)
-    assert got["kernel_off"] == {"applicable": True, "adapted": False, "inplace": None}
-    assert got["kernel_on"] == {"applicable": True, "adapted": True, "inplace": True}  # no field: in place
+    assert off["adapted"] == {"legacy": False, "legacy_monolithic": False, "real": False}, off
+    assert off["inplace"] == {"legacy": "not passed", "legacy_monolithic": "not passed", "real": "not passed"}, off
+    assert on["adapted"] == {"legacy": True, "legacy_monolithic": True, "real": True}, on
+    real = True if on["real_takes_inplace"] else "not passed"  # no field on 0.27+: in place
+    assert on["inplace"] == {"legacy": True, "legacy_monolithic": True, "real": real}, on
 
 
 def test_0_32_shares_the_files_with_0_33():

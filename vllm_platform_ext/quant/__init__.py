@@ -1,39 +1,14 @@
-"""Hardened quantization config handling.
+"""Hardened quantization handling: patch groups on vLLM's quantization classes (and the ones a
+platform plugin such as vLLM-metax registers), applied with the other patch groups. Nothing is
+registered in vLLM's quantization registry.
 
-* :func:`register` puts this plugin's quantization configs into vLLM's quantization
-  registry (``register_quantization_config``) and records each in the report; it runs in
-  ``bootstrap()`` (every vLLM process).
-* :func:`groups` returns the attribute patches that go with them, applied with the other
-  patch groups.
+* :mod:`.moe_wna16`: the ``moe_wna16`` MoE method's kernel call and ``disable_inplace`` drift;
+* :mod:`.mtp_layer`: the MTP layer's quantization config;
+* :mod:`.inc_layer`: INC/AutoRound ``extra_config`` entries.
 """
 from __future__ import annotations
 
-from vllm_platform_ext.patching import PatchGroup, strict_mode
-from vllm_platform_ext.quant.errors import NotRegistered
-from vllm_platform_ext.report import Report
-
-STEP = "quant"
-
-
-def register(report: Report | None = None) -> None:
-    """Register every hardened quantization config; each success or failure is reported."""
-    from vllm_platform_ext.quant import moe_wna16
-
-    for name, fn in (("moe_wna16", moe_wna16.register),):
-        try:
-            detail = fn()
-        except NotRegistered as why:
-            if report is not None:
-                report.skipped(STEP, name, str(why))
-            continue
-        except Exception as exc:
-            if report is not None:
-                report.failed(STEP, name, f"{type(exc).__name__}: {exc}")
-            if strict_mode() or report is None:
-                raise
-            continue
-        if report is not None:
-            report.applied(STEP, name, detail)
+from vllm_platform_ext.patching import PatchGroup
 
 
 def groups() -> list[PatchGroup]:

@@ -7,13 +7,18 @@ What drifted (and broke vLLM-metax on vLLM 0.23, see its PR #294):
   neither the field nor an ``inplace`` argument on ``FusedMoEKernel.apply``. Code that
   reads the field unconditionally crashes with ``AttributeError`` on newer vLLM.
 
-The hardening: :class:`MoeWNA16CompatConfig` is registered as ``moe_wna16`` through
-vLLM's quantization registry (``register_quantization_config``). Its MoE method is
-vLLM's own ``MoeWNA16Method`` with one change: the fused-MoE kernel is called through
-:class:`KernelCallAdapter`, which passes ``inplace`` only to a kernel whose ``apply``
-accepts it (value from :func:`moe_inplace`: the config's ``disable_inplace`` when the
-field exists, else vLLM's default, in-place) and drops an ``inplace`` the caller passes
-to a kernel that no longer takes it. Everything else is upstream code, unchanged.
+The hardening is two patch groups, applied with the others; vLLM's quantization registry is left
+as it is (vLLM's ``MoeWNA16Config``, or the one a platform plugin such as vLLM-metax registers):
+
+* ``moe.wna16_kernel_call``: where vLLM's ``MoeWNA16Method`` calls a kernel object (0.27 on), its
+  ``apply``/``apply_monolithic`` -- and those of any subclass that calls ``self.moe_kernel`` itself --
+  call it through :class:`KernelCallAdapter`, which passes ``inplace`` only to a kernel whose method
+  accepts it (value from :func:`moe_inplace`: the config's ``disable_inplace`` when the field exists,
+  else vLLM's default, in place) and drops an ``inplace`` the caller passes to one that no longer
+  takes it. It lands on the class every path builds (the registry name, AutoGPTQ's fallback, INC, a
+  plugin's config), so no config of ours is registered.
+* ``moe.disable_inplace_default``: the field given back, as a class default, where the line dropped it
+  and a method installed here still reads it (vLLM-metax's v0.22-v0.24 lines).
 """
 from __future__ import annotations
 
@@ -82,83 +87,6 @@ def _adapted(method: Any) -> None:
     kernel = getattr(method, "moe_kernel", None)
     if kernel is not None and not isinstance(kernel, KernelCallAdapter):
         method.moe_kernel = KernelCallAdapter(kernel, method.moe)
-
-
-@functools.cache
-def classes() -> tuple[type, type]:
-    """``(MoeWNA16CompatConfig, MoeWNA16CompatMethod)``, built on first use (imports vLLM)."""
-    from vllm.model_executor.layers.quantization.moe_wna16 import MoeWNA16Config, MoeWNA16Method
-
-    class MoeWNA16CompatMethod(MoeWNA16Method):
-        """vLLM's ``MoeWNA16Method`` calling its kernel through :class:`KernelCallAdapter`."""
-
-        def apply(self, layer, x, *args, **kwargs):
-            _adapted(self)
-            return super().apply(layer, x, *args, **kwargs)
-
-        def apply_monolithic(self, layer, x, *args, **kwargs):
-            _adapted(self)
-            return super().apply_monolithic(layer, x, *args, **kwargs)
-
-    class MoeWNA16CompatConfig(MoeWNA16Config):
-        """vLLM's ``MoeWNA16Config`` whose MoE layers get :class:`MoeWNA16CompatMethod`."""
-
-        def get_quant_method(self, layer, prefix):
-            method = super().get_quant_method(layer, prefix)
-            # Upstream decides which layers get MoeWNA16Method (and builds it, choosing the
-            # backend); only the class changes, so no constructor logic is duplicated.
-            if type(method) is MoeWNA16Method:
-                method.__class__ = MoeWNA16CompatMethod
-            return method
-
-    # Module-level names, so pickle (the config travels to worker processes inside
-    # VllmConfig.quant_config) finds them; __getattr__ below builds them on demand.
-    for klass in (MoeWNA16CompatConfig, MoeWNA16CompatMethod):
-        klass.__module__ = __name__
-        klass.__qualname__ = klass.__name__
-        globals()[klass.__name__] = klass
-    return MoeWNA16CompatConfig, MoeWNA16CompatMethod
-
-
-def __getattr__(name: str) -> Any:
-    if name in ("MoeWNA16CompatConfig", "MoeWNA16CompatMethod"):
-        config_cls, method_cls = classes()
-        return config_cls if name == "MoeWNA16CompatConfig" else method_cls
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def _qualname(cls: type) -> str:
-    return f"{cls.__module__}.{cls.__qualname__}"
-
-
-def vendor_config() -> type | None:
-    """The ``moe_wna16`` config another plugin registered (vLLM-metax registers its MACA one,
-    which turns Marlin off), else ``None``."""
-    from vllm.model_executor.layers import quantization as q
-
-    current = getattr(q, "_CUSTOMIZED_METHOD_TO_QUANT_CONFIG", {}).get(NAME)
-    if current is None or current.__module__.startswith(("vllm.", __name__)):
-        return None
-    return current
-
-
-def register() -> str:
-    """Register :class:`MoeWNA16CompatConfig` as ``moe_wna16``; returns a report line.
-
-    A vendor's registration is kept (raises :class:`NotRegistered` with the reason): replacing
-    it would undo what the vendor changed for its hardware. Its MoE method is served by the
-    ``moe.disable_inplace_default`` group where the vLLM line dropped the field it reads."""
-    from vllm.model_executor.layers.quantization import register_quantization_config
-
-    from vllm_platform_ext.quant.errors import NotRegistered
-
-    vendor = vendor_config()
-    if vendor is not None:
-        raise NotRegistered(f"kept {_qualname(vendor)}, registered as {NAME} by another plugin; "
-                            f"{DISABLE_INPLACE_GROUP} covers its MoE method")
-    config_cls, _ = classes()
-    register_quantization_config(NAME)(config_cls)
-    return f"{NAME} -> {_qualname(config_cls)} (inplace via KernelCallAdapter)"
 
 
 # -- FusedMoEConfig.disable_inplace where the line dropped it ------------------------------------
@@ -235,17 +163,77 @@ def method_classes() -> list[type]:
     while todo:
         for sub in todo.pop().__subclasses__():
             todo.append(sub)
-            if not sub.__module__.startswith(__name__) and any(_uses_kernel(sub, a) for a in KERNEL_METHODS):
+            if _reachable(sub) and any(_uses_kernel(sub, a) for a in KERNEL_METHODS):
                 out.append(sub)
     return out
 
 
-def _kernel_call_build() -> list[Patch]:
+def _reachable(cls: type) -> bool:
+    """``cls`` is what its module's name path resolves to (a class made in a function, or whose module was
+    not imported by name, cannot be a patch target)."""
+    import sys
+
+    obj: Any = sys.modules.get(cls.__module__)
+    for part in cls.__qualname__.split("."):
+        obj = getattr(obj, part, None)
+    return obj is cls
+
+
+def _kernel_call_patches() -> list[Patch]:
+    """The kernel-calling methods of :func:`method_classes` not yet carrying the group's wrapper."""
     from vllm_platform_ext.patching import carries
 
     return [Patch(f"{cls.__module__}:{cls.__qualname__}.{attr}", _kernel_call_factory)
             for cls in method_classes() for attr in KERNEL_METHODS
             if _uses_kernel(cls, attr) and not carries(cls, attr, KERNEL_CALL_GROUP)]
+
+
+def land_on_subclasses() -> list[str]:
+    """Apply the group's wrapper to the kernel-calling subclasses imported after it was applied (a plugin
+    whose general plugin ran after our bootstrap); each is recorded in this process's report."""
+    from vllm_platform_ext import patching
+    from vllm_platform_ext.report import current
+
+    patches = _kernel_call_patches()
+    if not patches:
+        return []
+    patching.apply(KERNEL_CALL_GROUP, patches)
+    report = current()
+    for p in patches:
+        if report is not None:
+            report.applied("patch", f"{KERNEL_CALL_GROUP} -> {p.target}",
+                           "a plugin's moe_wna16 method calling self.moe_kernel: through KernelCallAdapter")
+    return [p.target for p in patches]
+
+
+def _init_factory(orig):
+    def __init__(self, *args, **kwargs):
+        orig(self, *args, **kwargs)
+        # a subclass that calls its kernel in its own apply (a plugin's, imported after the bootstrap):
+        # the group lands on it before its first call
+        from vllm_platform_ext.patching import carries
+
+        if any(attr in vars(k) and not carries(k, attr, KERNEL_CALL_GROUP) and _uses_kernel(k, attr)
+               for k in type(self).__mro__ for attr in KERNEL_METHODS):
+            try:
+                land_on_subclasses()
+            except Exception as exc:  # reported; the method is built as vLLM builds it
+                from vllm_platform_ext.patching import strict_mode
+                from vllm_platform_ext.report import current
+
+                report = current()
+                if report is not None:
+                    report.failed("patch", f"{KERNEL_CALL_GROUP} -> {type(self).__qualname__}",
+                                  f"{type(exc).__name__}: {exc}")
+                if strict_mode():
+                    raise
+
+    __init__.__name__ = "__init__"
+    return __init__
+
+
+def _kernel_call_build() -> list[Patch]:
+    return [Patch(f"{WNA16_METHOD}.__init__", _init_factory), *_kernel_call_patches()]
 
 
 def _kernel_call_skip() -> str | None:
@@ -260,17 +248,73 @@ def _kernel_call_skip() -> str | None:
     return None
 
 
+def _qualname(cls: type) -> str:
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def kernel_call_state(cls: type) -> str:
+    """Whether ``moe.wna16_kernel_call`` covers MoE method class ``cls`` in this process now, per method
+    (own or inherited): it carries the group's replacement (covered), calls ``self.moe_kernel`` without it
+    (bare: the group skipped or disabled), or calls no kernel object (``fused_experts`` itself, or none)."""
+    from vllm_platform_ext.patching import carries
+
+    by = {"covered": [], "bare": [], "none": []}
+    for attr in KERNEL_METHODS:
+        owner = next((k for k in cls.__mro__ if attr in vars(k)), None)
+        if owner is None:
+            continue
+        by["covered" if carries(cls, attr, KERNEL_CALL_GROUP) else "bare" if _uses_kernel(owner, attr)
+           else "none"].append(attr)
+    parts = []
+    if by["covered"]:
+        parts.append(f"{', '.join(by['covered'])} covered by {KERNEL_CALL_GROUP}")
+    if by["bare"]:
+        parts.append(f"{', '.join(by['bare'])} call the kernel bare, not through KernelCallAdapter "
+                     f"({KERNEL_CALL_GROUP} skipped or disabled)")
+    if by["none"]:
+        parts.append(f"{', '.join(by['none'])} call no kernel object ({KERNEL_CALL_GROUP} not applicable; "
+                     f"an inplace reading there is {DISABLE_INPLACE_GROUP}'s)")
+    return f"{_qualname(cls)}: " + "; ".join(parts)
+
+
+def served() -> tuple[type, list[type]]:
+    """The config vLLM's registry serves as ``moe_wna16`` (vLLM's own or a plugin's) and the MoE method
+    classes it builds: the subclasses of vLLM's ``MoeWNA16Method`` defined beside it, else vLLM's."""
+    from vllm.model_executor.layers.quantization import get_quantization_config
+
+    config_cls = get_quantization_config(NAME)
+    owner, name = resolve(WNA16_METHOD)
+    base = getattr(owner, name)
+    found, todo = [], [base]
+    while todo:
+        for sub in todo.pop().__subclasses__():
+            todo.append(sub)
+            if sub.__module__ == config_cls.__module__ and sub not in found:
+                found.append(sub)
+    return config_cls, found or [base]
+
+
+def doctor_row() -> list[str]:
+    """doctor's ``fix_targets`` row: ``["moe_wna16", served config, who registered it; each method's state]``."""
+    config_cls, methods = served()
+    who = "vLLM's own" if config_cls.__module__.startswith("vllm.") else "registered by a plugin, kept"
+    return [NAME, _qualname(config_cls), f"{who}; " + "; ".join(kernel_call_state(m) for m in methods)]
+
+
 GROUPS = [
     PatchGroup(
         name=KERNEL_CALL_GROUP,
-        why="vLLM's AutoGPTQ fallback, INC and vLLM-metax build moe_wna16 methods from vLLM's classes, not "
-            "through the registry, so the registered MoeWNA16CompatConfig never reaches them: the kernel call of "
-            "MoeWNA16Method itself goes through KernelCallAdapter (inplace passed exactly where the kernel's "
-            "apply takes it)",
+        why="fused-experts kernels differ in whether apply takes inplace (older APIs and a plugin's kernel do; "
+            "FusedMoEKernel takes none on any kept line, 0.22-0.34), and every path that builds moe_wna16 "
+            "methods (the registry name, AutoGPTQ's fallback, INC, vLLM-metax's configs) ends in vLLM's "
+            "MoeWNA16Method or a subclass of it: their kernel call goes through KernelCallAdapter, which passes "
+            "inplace exactly where the kernel's apply/apply_monolithic takes it (a plugin's subclass imported "
+            "after the bootstrap: at its first construction, through MoeWNA16Method.__init__)",
         build=_kernel_call_build,
         skip_if=_kernel_call_skip,
-        targets=tuple(f"{WNA16_METHOD}.{a}" for a in KERNEL_METHODS),
-        upstream="none: guards FusedMoEKernel.apply's inplace argument drift (vLLM 0.32 dropped it)",
+        targets=tuple(f"{WNA16_METHOD}.{a}" for a in ("__init__", *KERNEL_METHODS)),
+        upstream="none: guards the fused-experts kernels' inplace argument drift (FusedMoEKernel.apply / "
+                 "apply_monolithic take none on 0.22-0.34, read from each line's wheel 2026-12-07)",
         retire="when no served line's kernel API differs in inplace from its callers (then the group can go with "
                "KernelCallAdapter); tests/quant/test_quant_mtp_layer.py::test_kernel_call_group_reaches_vllms_own_method",
     ),
@@ -290,12 +334,3 @@ GROUPS = [
     )
 ]
 
-
-def unregister() -> None:
-    """Undo :func:`register` (tests): vLLM's own ``MoeWNA16Config`` answers again."""
-    from vllm.model_executor.layers import quantization as q
-
-    registry = getattr(q, "_CUSTOMIZED_METHOD_TO_QUANT_CONFIG", {})
-    config_cls, _ = classes()
-    if registry.get(NAME) is config_cls:
-        del registry[NAME]
