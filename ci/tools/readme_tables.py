@@ -447,6 +447,16 @@ def unbacked(readme: str, texts: dict[str, str], allowed: frozenset = frozenset(
 # arithmetic, and measurements that were never filed (reported, not hidden). An entry must still be a figure
 # of its file (tests/ci/test_readme_figures.py), so it goes when the text changes.
 NO_RESULT_FILE: dict[str, dict[str, str]] = {
+    "docs/is_my_setup_right.md": {
+        "30%": "verify --model's FAIL rule (model_judge.MTP_FAIL_RATE), a setting",
+        "60%": "verify --model's WARN rule, a setting",
+        "0.5 nats": "verify --model's split rule, a setting",
+        "0.2 nats": "the audit's drift threshold (testing/bounds.py), a setting",
+        "0.1 nats": "the audit's second threshold, a setting",
+        "0.28 nats": "a hand run of the vmodel helper (ngram on the kit, plugin on), not filed",
+        "3/112": "an example of the report's notation, explained in the sentence",
+        "3 of 112": "the same example, spelled out",
+    },
     "docs/live_guard.md": {
         "1.02": "vLLM #36872's report (acceptance length 2.23 -> 1.02), quoted as the kind of drop the guard names",
         "2.23": "vLLM #36872's report, quoted",
