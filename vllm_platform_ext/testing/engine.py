@@ -181,20 +181,23 @@ COMPOSITIONS = {
 }
 
 
-def generate_compositions(llm, prompts: list[list[int]], sp, names) -> dict:
-    """{name: one token list per prompt} for each batch composition of :data:`COMPOSITIONS`."""
+def composition_outputs(llm, prompts: list[list[int]], sp, names) -> dict:
+    """{name: vLLM's completion output of each prompt} for each batch composition of :data:`COMPOSITIONS`."""
     out = {}
     for name in names:
         if name not in COMPOSITIONS:
             raise ValueError(f"composition {name!r} not in {tuple(COMPOSITIONS)}")
-        tokens = [None] * len(prompts)
+        got = {}  # prompt index -> its output (a filler's index is None)
         for batch in COMPOSITIONS[name](prompts):
             res = llm.generate([{"prompt_token_ids": list(p)} for _, p in batch], sp, use_tqdm=False)
-            for (i, _), o in zip(batch, res):
-                if i is not None:
-                    tokens[i] = list(o.outputs[0].token_ids)
-        out[name] = tokens
+            got.update((i, o.outputs[0]) for (i, _), o in zip(batch, res) if i is not None)
+        out[name] = [got.get(i) for i in range(len(prompts))]
     return out
+
+
+def generate_compositions(llm, prompts: list[list[int]], sp, names) -> dict:
+    """{name: one token list per prompt} for each batch composition of :data:`COMPOSITIONS`."""
+    return {n: [o and list(o.token_ids) for o in v] for n, v in composition_outputs(llm, prompts, sp, names).items()}
 
 
 def apply_engine_env(env: dict | None = None) -> None:

@@ -123,20 +123,12 @@ def _run_engine(kw: dict, prompts: list, max_tokens: int, compositions: tuple = 
 
 
 def _compositions(llm, prompts: list, sp, names) -> tuple[dict, dict]:
-    """``engine.generate_compositions`` keeping each position's top log-probabilities too:
-    ``({name: tokens per prompt}, {name: top log-probabilities per prompt})``."""
-    from vllm_platform_ext.testing.engine import COMPOSITIONS, _top_logprobs
+    """``engine.composition_outputs`` as ``({name: tokens per prompt}, {name: top log-probabilities per prompt})``."""
+    from vllm_platform_ext.testing.engine import _top_logprobs, composition_outputs
 
-    toks, lps = {}, {}
-    for name in names:
-        t, lp = [None] * len(prompts), [None] * len(prompts)
-        for batch in COMPOSITIONS[name](prompts):
-            res = llm.generate([{"prompt_token_ids": list(p)} for _, p in batch], sp, use_tqdm=False)
-            for (i, _), o in zip(batch, res):
-                if i is not None:
-                    t[i], lp[i] = list(o.outputs[0].token_ids), _top_logprobs(o.outputs[0])
-        toks[name], lps[name] = t, lp
-    return toks, lps
+    outs = composition_outputs(llm, prompts, sp, names)
+    return ({n: [None if o is None else list(o.token_ids) for o in v] for n, v in outs.items()},
+            {n: [None if o is None else _top_logprobs(o) for o in v] for n, v in outs.items()})
 
 
 def _act_quant(cfg: dict) -> bool:
