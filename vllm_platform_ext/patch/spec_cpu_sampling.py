@@ -43,6 +43,7 @@ import inspect
 
 import torch
 
+from vllm_platform_ext.patch.spec_cpu_dispatch import cpu_platform_reason
 from vllm_platform_ext.patching import Patch, PatchGroup
 
 NAME = "spec.cpu_expand_dtype"
@@ -112,15 +113,10 @@ def line_writes_caller_dtype(impl) -> tuple[bool, str]:
 
 
 def not_needed_reason() -> str | None:
-    try:
-        from vllm.platforms import current_platform
-        from vllm.triton_utils import HAS_TRITON
-    except ImportError as exc:
-        return f"vLLM cannot be imported ({exc})"
-    if not current_platform.is_cpu():
-        return f"the platform is {current_platform.device_name!r}: the rejection sampler runs Triton's expand_kernel"
-    if HAS_TRITON:
-        return "Triton has a backend here: the rejection sampler runs Triton's expand_kernel, not the CPU stand-in"
+    why = cpu_platform_reason("the rejection sampler runs Triton's expand_kernel",
+                              "the rejection sampler runs Triton's expand_kernel, not the CPU stand-in")
+    if why:
+        return why
     cpu = _cpu_kernels()
     if cpu is None or not hasattr(cpu, IMPL):
         return f"{CPU_KERNELS} has no {IMPL}: this line has no CPU stand-in for expand_kernel"
@@ -156,19 +152,8 @@ def _build():
     return patches
 
 
-
-def _cpu_platform_reason() -> str | None:
-    try:
-        from vllm.platforms import current_platform
-    except ImportError as exc:
-        return f"vLLM cannot be imported ({exc})"
-    if not current_platform.is_cpu():
-        return f"the platform is {current_platform.device_name!r}: apply_top_k_top_p takes the Triton or sort path"
-    return None
-
-
 def topk_empty_not_needed_reason() -> str | None:
-    why = _cpu_platform_reason()
+    why = cpu_platform_reason("apply_top_k_top_p takes the Triton or sort path")
     if why:
         return why
     try:
