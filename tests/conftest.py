@@ -1,8 +1,10 @@
 import contextlib
 import importlib.util
+import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -78,6 +80,51 @@ def assert_verify_passes_on_quantized(checkpoint, tmp_path, env: dict) -> dict:
     assert "dequantized float32 twin" in rec["audit_text"], rec["audit_text"]
     assert {r["run"] for r in rec["verdict"]["audit"]} >= {"plain", "spec"} and rec["spec"]["num_accepted_tokens"] > 0
     return rec
+
+
+def assert_verify_twin(checkpoint, bf16_kit, work, mtp_bf16: bool, theirs=None, max_rel: float | None = None) -> float:
+    """``verify --model``'s own preparation of a quantized kit checkpoint, short of the engine (verify/model_ref.py,
+    issue 54): the float32 audit runs (no gate), MTP k=3 is the default and ``check_spec`` takes it, and the float32
+    twin verify audits against loads in transformers with every weight, under the bf16 kit's tensor names, equal to
+    the quantizer's own decompression (``theirs``, a safetensors file) in bfloat16, the MTP layer bit for bit the
+    bf16 kit's where the checkpoint keeps it bf16 (``mtp_bf16``), and every tensor within ``max_rel`` of the bf16 kit's (its
+    absolute maximum the unit: a bound the format's grid gives). Returns the largest such error."""
+    import glob
+
+    import torch
+    from safetensors.torch import load_file
+
+    from vllm_platform_ext.verify import model_ref
+
+    def tensors(d):
+        out = {}
+        for f in sorted(glob.glob(os.path.join(str(d), "*.safetensors"))):
+            out.update(load_file(f))
+        return out
+
+    cfg, names = model_ref.read(str(checkpoint))
+    assert model_ref.audit_gate(cfg, names, "auto") is None, model_ref.audit_gate(cfg, names, "auto")
+    spec = model_ref.default_spec(names)
+    assert spec == {"method": "mtp", "num_speculative_tokens": 3}, spec
+    model_ref.check_spec(spec, cfg, names, str(checkpoint))
+    ref = model_ref.reference_dir(str(checkpoint), cfg, Path(work))
+    assert model_ref.loading_problem(ref) is None, model_ref.loading_problem(ref)
+    twin, orig = tensors(ref), tensors(bf16_kit)
+    assert set(twin) == set(orig), sorted(set(twin) ^ set(orig))[:6]
+    assert all(v.dtype == torch.float32 for v in twin.values())
+    if theirs is not None:
+        want = {n if n in twin else f"{n}.weight": t for n, t in load_file(str(theirs)).items()}  # GPTQ's: modules
+        assert want and set(want) <= set(twin), sorted(set(want) - set(twin))[:6]
+        bad = [n for n in want if not torch.equal(twin[n].to(torch.bfloat16), want[n].to(torch.bfloat16))]
+        assert not bad, f"the twin differs from the quantizer's own decompression at {bad[:6]}"
+    if mtp_bf16:
+        bad = [n for n in orig if n.startswith("mtp.") and not torch.equal(twin[n], orig[n].float())]
+        assert not bad, f"the checkpoint keeps the MTP layer bf16, the twin does not: {bad[:6]}"
+    worst = max(((twin[n] - orig[n].float()).abs().max() / orig[n].float().abs().max().clamp(min=1e-12)).item()
+                for n in orig)
+    if max_rel is not None:
+        assert worst <= max_rel, f"a twin tensor is {worst:.4f} of its absolute maximum from the bf16 kit's"
+    return worst
 
 
 @pytest.fixture

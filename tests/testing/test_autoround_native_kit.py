@@ -138,3 +138,13 @@ def test_verify_model_passes_on_the_autoround_native_checkpoint(kit, tmp_path):
     from conftest import assert_verify_passes_on_quantized
 
     assert_verify_passes_on_quantized(kit / "mtp_quantized", tmp_path, ENV)
+
+
+def test_verify_model_prepares_the_mtp_bf16_checkpoint(kit, tmp_path):
+    """``verify --model``'s float32 twin and defaults on the native export whose MTP layer AutoRound keeps bf16
+    (``extra_config[".*mtp.*"]`` 16 bits), short of the engine (conftest's ``assert_verify_twin``: every weight
+    under the bf16 kit's names, the MTP layer bit for bit the bf16 kit's); the engine part runs on the MTP-quantized
+    one (``test_verify_model_passes_on_the_autoround_native_checkpoint``)."""
+    from conftest import assert_verify_twin
+
+    assert_verify_twin(kit / "mtp_bf16", kit / "bf16", tmp_path, mtp_bf16=True)

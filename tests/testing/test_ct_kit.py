@@ -368,3 +368,24 @@ def test_verify_model_passes_on_the_w8a8_compressed_tensors_checkpoint(kits, tmp
     from conftest import assert_verify_passes_on_quantized
 
     assert_verify_passes_on_quantized(_dir(kits, "w8a8_int8", "mtp_quantized"), tmp_path, ENV)
+
+
+# the bf16-scaled grids' error bound, the tensor's absolute maximum the unit: half a step (a scale is at most
+# absmax / qmax) plus the scale's own bf16 rounding over the largest code; FP8 e4m3: half a unit in its 3-bit
+# mantissa's last place, plus the scale's rounding
+TWIN_MAX_REL = {"w8a8_int8": (0.5 + 127 * 2 ** -9) / 127, "w4a16": (0.5 + 7 * 2 ** -9) / 7,
+                "fp8_channel": 2 ** -4 + 2 ** -8, "fp8_block": 2 ** -4 + 2 ** -8}
+
+
+@pytest.mark.parametrize("fmt,mtp", VARIANTS)
+def test_verify_model_prepares_every_checkpoint(kits, fmt, mtp, tmp_path):
+    """``verify --model``'s float32 twin and defaults on all eight compressed-tensors checkpoints, short of the
+    engine (conftest's ``assert_verify_twin``: equal to compressed-tensors 0.19's own decompression in bf16, the MTP
+    layer the bf16 kit's where ``ignore`` keeps it, within the format's grid of the bf16 kit); the engine part of
+    ``verify --model`` runs on W8A8 (``test_verify_model_passes_on_the_w8a8_...``), format-blind past the twin."""
+    from conftest import assert_verify_twin
+
+    worst = assert_verify_twin(_dir(kits, fmt, mtp), kits.bf16, tmp_path, mtp_bf16=(mtp == "mtp_bf16"),
+                               theirs=f"{_dir(kits, fmt, mtp)}-theirs.safetensors", max_rel=TWIN_MAX_REL[fmt])
+    print(f"\n[verify twin] {fmt}-{mtp}: largest error {worst:.4f} of a tensor's absolute maximum "
+          f"(bound {TWIN_MAX_REL[fmt]:.4f})")

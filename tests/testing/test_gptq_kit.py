@@ -458,3 +458,16 @@ def test_verify_model_passes_on_the_gptq_checkpoint(kits, tmp_path):
     from conftest import assert_verify_passes_on_quantized
 
     assert_verify_passes_on_quantized(kits.mtp_q, tmp_path, ENV)
+
+
+@pytest.mark.parametrize("variant", ["mtp_bf16", "mtp_quantized"])
+def test_verify_model_prepares_both_checkpoints(kits, variant, tmp_path):
+    """``verify --model``'s float32 twin and defaults on both GPTQ checkpoints, short of the engine (conftest's
+    ``assert_verify_twin``: equal to AutoRound's own dequantization in bf16, the MTP layer the bf16 kit's where the
+    ``dynamic`` rule keeps it); the engine part runs on the MTP-quantized one
+    (``test_verify_model_passes_on_the_gptq_checkpoint``). AutoRound tunes its rounding and scales, so no grid bound
+    applies (0.43 of a tensor's absolute maximum at most, 2026-12-07): its own dequantization is the reference."""
+    from conftest import assert_verify_twin
+
+    path = kits.mtp_bf16 if variant == "mtp_bf16" else kits.mtp_q
+    assert_verify_twin(path, kits.bf16, tmp_path, mtp_bf16=(variant == "mtp_bf16"), theirs=kits.theirs[variant])
