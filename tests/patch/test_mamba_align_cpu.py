@@ -4,6 +4,7 @@ tensors, both launched by vLLM's own ``run_fused_precopy`` / ``run_fused_postpro
 against the V1 copy specs written as tensor slices. Byte-identical results are required."""
 from __future__ import annotations
 
+import os
 import textwrap
 
 from vllm_platform_ext.patch import mamba_align_cpu as m
@@ -24,39 +25,15 @@ exec(compile(ast.Module([n for n in tree.body if isinstance(n, ast.FunctionDef) 
              path, "exec"), ns)
 
 g = torch.Generator().manual_seed(0)
-NB, W, D, H, V, K, BS = 9, 4, 24, 2, 4, 8, 8  # blocks, conv width, conv dim, SSM heads/dims, block size
+# the states and the metadata MambaSpecDecodeGPUContext._populate_metadata derives for them: the per-line child's
+sys.path.insert(0, os.environ["VPE_TEST_PATCH_DIR"])
+from mamba_align_line_child import NB, W, D, H, V, K, BS, ctx_for as line_ctx_for, make_states as line_states
 
 def make_states():
-    g.manual_seed(1)
-    conv_sd = torch.randn(NB, W, D, generator=g).to(torch.bfloat16)       # state-first (SD) layout
-    conv_ds = torch.randn(NB, D + 3, W, generator=g)[:, :D]               # dim-first, padded rows
-    page = torch.randn(NB, H * V * K + 6, generator=g)                    # SSM with padded pages
-    ssm = page.as_strided((NB, H, V, K), (H * V * K + 6, V * K, K, 1))
-    return [conv_sd, conv_ds, ssm]
+    return line_states(torch)
 
 def ctx_for(states, dim_first, bt):
-    """The metadata MambaSpecDecodeGPUContext._populate_metadata derives, for our states."""
-    conv = states[1] if dim_first else states[0]
-    sts = [conv, states[2]]
-    c = types.SimpleNamespace(num_states=2, block_size=BS, is_initialized=True,
-                              block_table_ptrs=torch.tensor([bt.data_ptr()], dtype=torch.int64),
-                              block_table_stride_req=bt.stride(0),
-                              num_accepted_tokens_out=torch.zeros(bt.shape[0], dtype=torch.int32))
-    c.state_base_addrs = torch.tensor([s.data_ptr() for s in sts], dtype=torch.int64)
-    c.state_block_strides = torch.tensor([s.stride(0) * s.element_size() for s in sts], dtype=torch.int64)
-    c.state_elem_sizes = torch.tensor([s.element_size() for s in sts], dtype=torch.int32)
-    if dim_first:
-        c.state_conv_widths = torch.tensor([conv.size(2), 0], dtype=torch.int32)
-        c.state_inner_sizes = torch.tensor([1, sts[1][0].numel()], dtype=torch.int64)
-        c.state_dim_row_count = torch.tensor([conv.size(1), 0], dtype=torch.int32)
-        c.state_dim_row_stride = torch.tensor([conv.stride(1) * conv.element_size(), 0], dtype=torch.int64)
-    else:
-        c.state_conv_widths = torch.tensor([conv.size(1), 0], dtype=torch.int32)
-        c.state_inner_sizes = torch.tensor([conv.stride(1), sts[1][0].numel()], dtype=torch.int64)
-        c.state_dim_row_count = torch.zeros(2, dtype=torch.int32)
-        c.state_dim_row_stride = torch.zeros(2, dtype=torch.int64)
-    c.state_group_indices = torch.zeros(2, dtype=torch.int32)
-    return c, sts
+    return line_ctx_for(torch, states, dim_first, bt), [states[1] if dim_first else states[0], states[2]]
 
 def reference(sts, dim_first, bt, jobs):
     """V1 copy specs as slices: conv state[bt[src], b:] -> state[bt[dst], :W-b]; SSM
@@ -133,7 +110,8 @@ def test_copies_equal_vllm_triton_kernels_interpreted(python):
     mapping with a skipped row) and postprocess (the accept decisions around a block boundary)
     in both conv layouts: the plugin's fallbacks give the same bytes (and accepted-count
     resets) as vLLM's kernels and as the V1 copy-spec slices."""
-    proc = python(KERNEL_SCRIPT, env={"TRITON_INTERPRET": "1"}, timeout=600)
+    proc = python(KERNEL_SCRIPT, env={"TRITON_INTERPRET": "1", "VPE_TEST_PATCH_DIR": os.path.dirname(__file__)},
+                  timeout=600)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
     assert "KERNEL-EQUAL 6" in proc.stdout, proc.stdout[-2000:]
 
