@@ -82,6 +82,30 @@ def assert_verify_passes_on_quantized(checkpoint, tmp_path, env: dict) -> dict:
     return rec
 
 
+# The quantizer the GPTQ / AutoRound kits are made with, beside the venv (ci/setup.sh: --target .qdeps)
+QDEPS = Path(os.environ.get("VPE_QDEPS") or Path(REPO) / ".qdeps")
+
+
+def require_auto_round() -> None:
+    """At a kit module's import: skip it, naming why, where ci/setup.sh has not installed AutoRound into QDEPS."""
+    from vllm_platform_ext.testing import gptq_kit
+
+    if not (QDEPS / "auto_round").is_dir():
+        pytest.skip(f"auto-round=={gptq_kit.AUTO_ROUND_VERSION} not installed in {QDEPS} (bash ci/setup.sh install "
+                    "does)", allow_module_level=True)
+
+
+def gptq_kit_cli(*args: str) -> None:
+    """``python -m vllm_platform_ext.testing.gptq_kit ARGS`` offline, the repository and QDEPS first on its path;
+    a failure fails the test with the command's output."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+           "PYTHONPATH": os.pathsep.join([REPO, str(QDEPS)] + [p for p in os.environ.get("PYTHONPATH", "").split(
+               os.pathsep) if p])}
+    proc = subprocess.run([sys.executable, "-m", "vllm_platform_ext.testing.gptq_kit", *args], env=env,
+                          capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, f"gptq_kit {args[0]} failed:\n{(proc.stdout + proc.stderr)[-4000:]}"
+
+
 def assert_verify_twin(checkpoint, bf16_kit, work, mtp_bf16: bool, theirs=None, max_rel: float | None = None) -> float:
     """``verify --model``'s own preparation of a quantized kit checkpoint, short of the engine (verify/model_ref.py,
     issue 54): the float32 audit runs (no gate), MTP k=3 is the default and ``check_spec`` takes it, and the float32

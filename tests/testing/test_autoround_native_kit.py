@@ -24,6 +24,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import QDEPS, require_auto_round
 from vllm_platform_ext.testing import acceptance, autoround_native, gptq_cells, wna16_fallback
 from vllm_platform_ext.testing.audit import Reference
 from vllm_platform_ext.testing.bounds import judged
@@ -31,7 +32,6 @@ from vllm_platform_ext.testing.engine import EngineConfig, EngineSettings, run_i
 from vllm_platform_ext.testing.prompts import default_prompts
 
 ROOT = Path(__file__).resolve().parents[2]
-QDEPS = Path(os.environ.get("VPE_QDEPS") or ROOT / ".qdeps")
 PROMPTS = default_prompts()
 SETTINGS = EngineSettings(max_tokens=32, max_num_batched_tokens=32, max_num_seqs=8)
 MTP3 = EngineConfig("mtp", 3)
@@ -40,8 +40,7 @@ ENV = {"VPE_WNA16_FALLBACK": "1", wna16_fallback.W4A8_ENV: "0"}  # W4A16 judged,
 MTP_LINEARS = ["mtp.layers.0.self_attn.qkv_proj", "mtp.layers.0.self_attn.o_proj", "mtp.layers.0.mlp.gate_up_proj",
                "mtp.layers.0.mlp.down_proj"]
 
-if not (QDEPS / "auto_round").is_dir():
-    pytest.skip(f"auto-round not installed in {QDEPS} (bash ci/setup.sh install does)", allow_module_level=True)
+require_auto_round()
 
 
 @pytest.fixture(scope="module")

@@ -35,6 +35,7 @@ import pytest
 
 import torch
 
+from conftest import gptq_kit_cli, require_auto_round
 from vllm_platform_ext.testing import acceptance, gptq_kit, wna16_fallback
 from vllm_platform_ext.testing.audit import Reference
 from vllm_platform_ext.testing.bounds import judged
@@ -42,8 +43,6 @@ from vllm_platform_ext.testing.engine import EngineConfig, EngineSettings, run_i
 from vllm_platform_ext.testing.prompts import default_prompts
 from vllm_platform_ext.testing.tiny_models import make_tiny_model
 
-ROOT = Path(__file__).resolve().parents[2]
-QDEPS = Path(os.environ.get("VPE_QDEPS") or ROOT / ".qdeps")
 KIND = "qwen3_5_text"
 PROMPTS = default_prompts()
 SETTINGS = EngineSettings(max_tokens=32, max_num_batched_tokens=32, max_num_seqs=8)
@@ -59,18 +58,7 @@ LOAD_CHECK_GROUP = "load.uninitialised_params"
 ENV = {"VPE_WNA16_FALLBACK": "1", wna16_fallback.W4A8_ENV: "0"}
 AMX = torch.cpu._is_amx_tile_supported()
 
-if not (QDEPS / "auto_round").is_dir():
-    pytest.skip(f"auto-round=={gptq_kit.AUTO_ROUND_VERSION} not installed in {QDEPS} (bash ci/setup.sh install does)",
-                allow_module_level=True)
-
-
-def _gptq(*args: str) -> None:
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
-           "PYTHONPATH": os.pathsep.join([str(ROOT), str(QDEPS)] + [p for p in os.environ.get("PYTHONPATH", "").split(
-               os.pathsep) if p])}
-    proc = subprocess.run([sys.executable, "-m", "vllm_platform_ext.testing.gptq_kit", *args], env=env,
-                          capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, f"gptq_kit {args[0]} failed:\n{(proc.stdout + proc.stderr)[-4000:]}"
+require_auto_round()
 
 
 class Kits:
@@ -85,7 +73,7 @@ def kits(tmp_path_factory) -> Kits:
     k = Kits()
     k.bf16 = make_tiny_model(KIND, root / "bf16", target="recall")
     for name, extra in (("mtp_bf16", []), ("mtp_quantized", ["--mtp", "quantized"])):
-        _gptq("build", KIND, str(root / name), "--src", str(k.bf16), "--dequantized", str(root / f"{name}-deq"),
+        gptq_kit_cli("build", KIND, str(root / name), "--src", str(k.bf16), "--dequantized", str(root / f"{name}-deq"),
               "--quantizer-dequant", str(root / f"{name}-theirs.safetensors"), *extra)
     k.mtp_bf16, k.mtp_q = root / "mtp_bf16", root / "mtp_quantized"
     k.mtp_bf16_deq, k.mtp_q_deq = root / "mtp_bf16-deq", root / "mtp_quantized-deq"

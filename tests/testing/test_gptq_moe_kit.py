@@ -21,37 +21,22 @@ load 9), more than the ~4 minutes asked of it on an idle host: the floor and the
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 import torch
 
+from conftest import gptq_kit_cli, require_auto_round
 from vllm_platform_ext.testing import gptq_kit, gptq_moe
 from vllm_platform_ext.testing.tiny_models import make_tiny_model
 
-ROOT = Path(__file__).resolve().parents[2]
-QDEPS = Path(os.environ.get("VPE_QDEPS") or ROOT / ".qdeps")
 KIND, DIMS = "qwen3_5_moe", "gpu"
 PRE = "model.language_model."
 N_LAYERS, N_EXPERTS = 4, 4
 
-if not (QDEPS / "auto_round").is_dir():
-    pytest.skip(f"auto-round=={gptq_kit.AUTO_ROUND_VERSION} not installed in {QDEPS} (bash ci/setup.sh install does)",
-                allow_module_level=True)
-
-
-def _gptq(*args: str) -> None:
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
-           "PYTHONPATH": os.pathsep.join([str(ROOT), str(QDEPS)] + [p for p in os.environ.get("PYTHONPATH", "").split(
-               os.pathsep) if p])}
-    proc = subprocess.run([sys.executable, "-m", "vllm_platform_ext.testing.gptq_kit", *args], env=env,
-                          capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, f"gptq_kit {args[0]} failed:\n{(proc.stdout + proc.stderr)[-4000:]}"
+require_auto_round()
 
 
 class Kits:
@@ -64,9 +49,9 @@ def kits(tmp_path_factory) -> Kits:
     k = Kits()
     k.bf16 = make_tiny_model(KIND, root / "bf16", dims=DIMS, target="recall")
     k.mtp_bf16, k.mtp_q, k.no_rule = root / "mtp_bf16", root / "mtp_quantized", root / "no_rule"
-    _gptq("build", KIND, str(k.mtp_bf16), "--src", str(k.bf16), "--dequantized", str(root / "mtp_bf16-deq"),
+    gptq_kit_cli("build", KIND, str(k.mtp_bf16), "--src", str(k.bf16), "--dequantized", str(root / "mtp_bf16-deq"),
           "--quantizer-dequant", str(root / "mtp_bf16-theirs.safetensors"))
-    _gptq("build", KIND, str(k.mtp_q), "--src", str(k.bf16), "--export", str(k.mtp_bf16), "--mtp", "quantized",
+    gptq_kit_cli("build", KIND, str(k.mtp_q), "--src", str(k.bf16), "--export", str(k.mtp_bf16), "--mtp", "quantized",
           "--dequantized", str(root / "mtp_quantized-deq"), "--quantizer-dequant",
           str(root / "mtp_quantized-theirs.safetensors"))
     k.mtp_bf16_deq, k.mtp_q_deq = root / "mtp_bf16-deq", root / "mtp_quantized-deq"

@@ -29,19 +29,16 @@ import pytest
 
 import torch
 
-from conftest import REPO, line_source, load_tool
+from conftest import QDEPS, REPO, line_source, load_tool, require_auto_round
 from vllm_platform_ext.testing import gptq_cells, gptq_kit
 from vllm_platform_ext.testing.gptq_multimodal import MM_PREFIX, text_form
 
-QDEPS = Path(os.environ.get("VPE_QDEPS") or Path(REPO) / ".qdeps")
 CHILD = os.path.join(REPO, "tests", "testing", "gptq_line_child.py")
 LINES = ((0, 23), (0, 26))  # the CUDA lines of the GPU machine
 FUSED = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj"),
          "in_proj_qkvz": ("in_proj_qkv", "in_proj_z"), "in_proj_ba": ("in_proj_b", "in_proj_a")}
 
-if not (QDEPS / "auto_round").is_dir():
-    pytest.skip(f"auto-round=={gptq_kit.AUTO_ROUND_VERSION} not installed in {QDEPS} (bash ci/setup.sh install does)",
-                allow_module_level=True)
+require_auto_round()
 
 
 @pytest.fixture(scope="module")
