@@ -113,18 +113,11 @@ def assert_verify_twin(checkpoint, bf16_kit, work, mtp_bf16: bool, theirs=None, 
     the quantizer's own decompression (``theirs``, a safetensors file) in bfloat16, the MTP layer bit for bit the
     bf16 kit's where the checkpoint keeps it bf16 (``mtp_bf16``), and every tensor within ``max_rel`` of the bf16 kit's (its
     absolute maximum the unit: a bound the format's grid gives). Returns the largest such error."""
-    import glob
-
     import torch
     from safetensors.torch import load_file
 
+    from vllm_platform_ext.testing.ct_kit import _read_tensors as tensors
     from vllm_platform_ext.verify import model_ref
-
-    def tensors(d):
-        out = {}
-        for f in sorted(glob.glob(os.path.join(str(d), "*.safetensors"))):
-            out.update(load_file(f))
-        return out
 
     cfg, names = model_ref.read(str(checkpoint))
     assert model_ref.audit_gate(cfg, names, "auto") is None, model_ref.audit_gate(cfg, names, "auto")

@@ -189,10 +189,10 @@ def sampling_checks(res: dict) -> dict:
                                 replace_from=greedy, replace_to=1)
     res["top_k"] = expand(torch.tensor([20, 5, 1, 0], dtype=torch.int32))
     res["top_p"] = expand(torch.tensor([0.95, 0.5, 0.8, 1.0], dtype=torch.float32))
-    res["want"] = {"temperature": [0.7, 0.7, 1.0, 1.0, 1.0, 1.25], "top_k": [20, 20, 1, 1, 1, 0],
-                   "top_p": [0.95, 0.95, 0.8, 0.8, 0.8, 1.0]}
+    want = {"temperature": [0.7, 0.7, 1.0, 1.0, 1.0, 1.25], "top_k": [20, 20, 1, 1, 1, 0],
+            "top_p": [0.95, 0.95, 0.8, 0.8, 0.8, 1.0]}  # as the dtypes hold them (float32 0.7 is not 0.7)
     res["want"] = {k: torch.tensor(v, dtype=torch.int32 if k == "top_k" else torch.float32).tolist()
-                   for k, v in res["want"].items()}
+                   for k, v in want.items()}
     return res
 
 

@@ -45,7 +45,7 @@ def kit(tmp_path_factory):
 
 def _verdict(ref, floor, run):
     if run.error:
-        return False, f"{run.label}: died: {run.error.splitlines()[0] if run.error else ''}"
+        return False, f"{run.label}: died: {run.error.splitlines()[0]}"
     crit, problems = judged(ref.audit(PROMPTS, run.tokens, run.logprobs), floor, require_drift=True)
     return (all(c.ok for c in crit) and not problems,
             f"{run.label}: drafts {run.num_draft_tokens} accepted {run.num_accepted_tokens}; "

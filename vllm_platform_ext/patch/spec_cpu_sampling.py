@@ -73,16 +73,14 @@ def expand_to_tokens(output: torch.Tensor, input_val: torch.Tensor, cu_num_token
     if bool((counts < 0).any()):
         raise ValueError(f"{NAME}: cu_num_tokens is not non-decreasing: {cu.tolist()}")
     src = torch.where(input_val == replace_from, torch.as_tensor(replace_to, dtype=input_val.dtype), input_val)
-    if MAX_NUM_TOKENS is not None and bool((counts > MAX_NUM_TOKENS).any()):  # the kernel stores MAX at most
-        starts = cu - counts
-        for i in torch.nonzero(counts).flatten().tolist():
-            n = min(int(counts[i]), int(MAX_NUM_TOKENS))
-            output[int(starts[i]):int(starts[i]) + n] = src[i].to(output.dtype)
-        return
-    total = int(cu[-1])
-    if total > output.shape[0]:
-        raise ValueError(f"{NAME}: {total} tokens for an output of {output.shape[0]}")
-    output[:total] = torch.repeat_interleave(src.to(output.device), counts).to(output.dtype)
+    if int(cu[-1]) > output.shape[0]:
+        raise ValueError(f"{NAME}: {int(cu[-1])} tokens for an output of {output.shape[0]}")
+    # the kernel's mask: at most MAX_NUM_TOKENS of a request's positions, from its start
+    stored = counts if MAX_NUM_TOKENS is None else counts.clamp(max=int(MAX_NUM_TOKENS))
+    request_start = torch.repeat_interleave(cu - counts, stored)  # in the output, per stored value
+    value_start = torch.repeat_interleave(torch.cumsum(stored, 0) - stored, stored)  # in the stored values
+    position = request_start + torch.arange(request_start.numel(), device=cu.device) - value_start
+    output[position] = torch.repeat_interleave(src.to(output.device), stored).to(output.dtype)
 
 
 def _cpu_kernels():

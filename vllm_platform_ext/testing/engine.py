@@ -10,6 +10,7 @@ from __future__ import annotations
 import gc
 import json
 import os
+import random
 import sys
 import tempfile
 import time
@@ -165,7 +166,7 @@ class EngineRun:
 
 
 def _fillers(n: int, seed: int = 7) -> list[list[int]]:
-    r = __import__("random").Random(seed)
+    r = random.Random(seed)
     return [[r.randrange(4, 100) for _ in range(r.randrange(7, 60))] for _ in range(n)]
 
 
