@@ -33,6 +33,7 @@ import sys
 import tempfile
 import threading
 from dataclasses import dataclass, field
+from pathlib import Path
 
 BAD_NATS = 0.5
 STRICT_NATS = 0.1
@@ -104,12 +105,37 @@ def passes(bad_fraction: float, floor: float, margin: float = MARGIN) -> bool:
     return bad_fraction <= floor + margin
 
 
+def transformers_config(model_dir: str):
+    """``model_dir``'s config as transformers' own class for its ``model_type``, or None where transformers
+    has no class of that name (then ``AutoConfig`` decides). vLLM 0.22-0.26 register their own ``Qwen3_5Config`` /
+    ``Qwen3_5MoeConfig`` (``transformers_utils.config._CONFIG_REGISTRY``) into ``AutoConfig`` once an engine in
+    the process has read such a checkpoint; ``AutoModelForCausalLM`` then builds the text class on vLLM's
+    composite config and fails (``'Qwen3_5Config' object has no attribute 'vocab_size'``: verify --model's audit
+    on vLLM 0.26, H100, 2026-12-07). ``CONFIG_MAPPING_NAMES`` is transformers' static table, which
+    ``AutoConfig.register`` does not touch."""
+    import transformers
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+
+    model_type = json.loads((Path(model_dir) / "config.json").read_text()).get("model_type")
+    cls = getattr(transformers, CONFIG_MAPPING_NAMES.get(model_type, ""), None)
+    return cls.from_pretrained(str(model_dir)) if cls is not None else None
+
+
+def causal_lm(model_dir: str, dtype, **kw):
+    """``AutoModelForCausalLM.from_pretrained`` on transformers' own config class (:func:`transformers_config`),
+    whatever an engine in this process registered."""
+    from transformers import AutoModelForCausalLM
+
+    config = transformers_config(model_dir)
+    return AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=dtype, **({"config": config} if config else {}),
+                                                **kw)
+
+
 class Reference:
     """A transformers model of a local checkpoint, float32 for the audit, bf16 for the floor."""
 
     def __init__(self, model_dir: str, threads: int | None = None, device: str = "cpu"):
         import torch
-        from transformers import AutoModelForCausalLM
 
         if threads:
             torch.set_num_threads(threads)
@@ -117,16 +143,15 @@ class Reference:
             torch.backends.cuda.matmul.allow_tf32 = False
             torch.backends.cudnn.allow_tf32 = False
         self.model_dir, self.device = str(model_dir), device
-        self.fp32 = AutoModelForCausalLM.from_pretrained(self.model_dir, dtype=torch.float32).eval().to(device)
+        self.fp32 = causal_lm(self.model_dir, torch.float32).eval().to(device)
         self._bf16 = None
 
     @property
     def bf16(self):
         if self._bf16 is None:
             import torch
-            from transformers import AutoModelForCausalLM
 
-            self._bf16 = AutoModelForCausalLM.from_pretrained(self.model_dir, dtype=torch.bfloat16).eval().to(self.device)
+            self._bf16 = causal_lm(self.model_dir, torch.bfloat16).eval().to(self.device)
         return self._bf16
 
     def logprobs(self, ids: list[int]):

@@ -187,10 +187,11 @@ def loading_problem(ref_dir: Path) -> str | None:
     """Where transformers would initialise a weight the twin does not carry (a per-expert layout its class
     fuses, names it maps otherwise), the reference is not this checkpoint: why; else None."""
     import torch
-    from transformers import AutoModelForCausalLM
+
+    from vllm_platform_ext.testing.audit import causal_lm
 
     try:
-        _, info = AutoModelForCausalLM.from_pretrained(str(ref_dir), dtype=torch.float32, output_loading_info=True)
+        _, info = causal_lm(str(ref_dir), torch.float32, output_loading_info=True)
     except Exception as exc:
         return f"transformers cannot load it ({type(exc).__name__}: {str(exc)[:200]})"
     missing = sorted(info.get("missing_keys") or [])
