@@ -107,3 +107,45 @@ def test_runs_kept_as_each_group_ends_and_judged_again(monkeypatch, tmp_path):
         gptq_cells.judge(tmp_path / "root", tmp_path / "nowhere")
     assert gptq_cells.main(["run", str(tmp_path / "root"), str(tmp_path / "o3"), "--engines-only"]) == 0
     assert len(seen) == 2 and json.loads((tmp_path / "o3" / gptq_cells.RUNS_FILE).read_text())["pending"] == 0
+
+
+def test_turboquant_drift_recorded_not_judged(monkeypatch, tmp_path):
+    """The judge's drift rule is cell_judge.judged_criteria's: drift is judged on unquantized KV only, and recorded
+    on TurboQuant KV (the preset's own quantization moves the log-probabilities: 102 of 896 positions in the plain
+    k8v4 cells of both quantized kits on vLLM 0.26.0, H100, 2026-12-07, which failed every TurboQuant cell at
+    limit 4). The tokens of a TurboQuant cell are still judged."""
+    from vllm_platform_ext.testing import audit as audit_mod
+
+    n, prompts = 8, [[1, 2]] * 4
+
+    class FakeReference:  # regrets and drift of each run as its logprobs' marker asks
+        def __init__(self, path):
+            pass
+
+        def floor(self, prompts_, max_tokens):
+            return audit_mod.AuditResult(regrets=[[0.0] * n] * len(prompts_), drift=[[0.0] * n] * len(prompts_))
+
+        def audit(self, prompts_, tokens, logprobs):
+            drift, regret = (1.0 if "drifted" in logprobs[0] else 0.0), (1.0 if "wrong" in logprobs[0] else 0.0)
+            return audit_mod.AuditResult(regrets=[[regret] * n] * len(prompts_), drift=[[drift] * n] * len(prompts_))
+
+    monkeypatch.setattr(audit_mod, "Reference", FakeReference)
+    tq = gptq_cells.TQ
+
+    def run(kv, marker):
+        return engine.EngineRun("base", 0, tokens=[[5] * n] * len(prompts), kv_cache_dtype=kv,
+                                logprobs=[marker] * len(prompts))
+
+    cells = [("mtp_bf16", "base", 0, True, "auto"), ("mtp_bf16", "base", 0, True, tq),
+             ("mtp_quantized", "base", 0, True, tq)]
+    done = {("mtp_bf16", True): ([run("auto", ["drifted"]), run(tq, ["drifted"])], ""),
+            ("mtp_quantized", True): ([run(tq, ["drifted", "wrong"])], "")}
+    settings = engine.EngineSettings(max_tokens=n)
+    (tmp_path / "out").mkdir()
+    rows = gptq_cells._judge(tmp_path, tmp_path / "out", cells, done, settings, "eager", prompts, lambda c: False)
+    by = {(r["checkpoint"], r["kv_cache_dtype"]): r for r in rows}
+    auto, tq_ok, tq_wrong = by[("mtp_bf16", "auto")], by[("mtp_bf16", tq)], by[("mtp_quantized", tq)]
+    assert auto["status"] == "fail" and "drift" in auto["why"] and not auto["drift_recorded"], auto
+    assert tq_ok["status"] == "pass" and tq_ok["drift_recorded"], tq_ok
+    assert any("drift" in c for c in tq_ok["criteria"]), tq_ok["criteria"]  # recorded beside the judged ones
+    assert tq_wrong["status"] == "fail" and "0.5 nats" in tq_wrong["why"], tq_wrong

@@ -234,6 +234,11 @@ def _plain_key(cell: Cell, runs: dict, spread_runs: dict) -> str | None:
     return None
 
 
+def drift_judged_on(kv_cache_dtype: str) -> bool:
+    """Whether a run's drift is judged (:func:`judged_criteria`): on unquantized KV only."""
+    return kv_cache_dtype == "auto"
+
+
 def judged_criteria(cell: Cell, crit: list) -> tuple[list, list]:
     """(judged, recorded) of a cell's criteria. Drift is judged on unquantized KV only: on TurboQuant
     KV the preset's own quantization moves the log-probabilities of 20-93% of positions past
@@ -241,7 +246,7 @@ def judged_criteria(cell: Cell, crit: list) -> tuple[list, list]:
     less between identical runs, and speculative cells sit 20-40% above their plain cell with the
     plugin's route unchanged (2026-12-02, results/gpu/2026-12-02-drift-tq-mutations/): no floor in
     the run separates a bug from that. There it is recorded beside the judged criteria."""
-    if cell.kv == "auto":
+    if drift_judged_on(cell.kv):
         return list(crit), []
     return [c for c in crit if c.measure != "drift"], [c for c in crit if c.measure == "drift"]
 

@@ -274,6 +274,7 @@ def _judge(root: Path, out: Path, cells: list, done: dict, settings, graphs: str
     from vllm_platform_ext.testing import acceptance
     from vllm_platform_ext.testing.audit import Reference
     from vllm_platform_ext.testing.bounds import judged
+    from vllm_platform_ext.testing.cell_judge import drift_judged_on
 
     refs: dict = {}
 
@@ -309,7 +310,7 @@ def _judge(root: Path, out: Path, cells: list, done: dict, settings, graphs: str
         audit = r.audit(prompts, run_.tokens, run_.logprobs)
         plain = plain_audit(ckpt, plugin, kv) if kv != "auto" and mode != "base" else None
         crit, problems = judged(audit, floor, plain, require_drift=True)
-        record = drift_recorded(ckpt)
+        record = drift_recorded(ckpt) or not drift_judged_on(kv)  # TurboQuant KV: the preset's own drift
         wrong = [c.text() for c in crit if not c.ok and not (record and c.measure == "drift")] + list(problems)
         row.update(drift_recorded=record, criteria=[c.text() for c in crit], max_drift=audit.max_drift,
                    positions=sum(map(len, run_.tokens)),
