@@ -59,8 +59,9 @@ def _git_commit() -> str | None:
         out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=5,
                              cwd=os.path.dirname(os.path.abspath(__file__)))
     except (OSError, subprocess.SubprocessError):
-        return None
-    return out.stdout.strip() or None
+        out = None
+    # a device window's tree has no .git: its stage script leaves the commit in VPE_COMMIT
+    return (out.stdout.strip() if out is not None else "") or os.environ.get("VPE_COMMIT") or None
 
 
 def run_header(command: Sequence[str] | None = None, **extra: Any) -> dict[str, Any]:

@@ -20,6 +20,7 @@
 # cells_shard WHEELS SUITE I/N OUT [PARALLEL] [TIMEOUT]: prints the command of one shard of a cell
 #   suite (run.sh --do engine) that also stamps OUT.start_ts / OUT.end, for a `bash -c` chain.
 # pack.sh and poll.sh (beside this file) bring the results back while the jobs run.
+# VPE_COMMIT: export the tree's commit in a plan: the machine's copy has no .git, and the benchmarks' run headers read it.
 R="${R:-/tmp/r/w}"
 mkdir -p "$R"
 [ -e "$R/t0" ] || date +%s > "$R/t0"
