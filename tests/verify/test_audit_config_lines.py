@@ -20,7 +20,8 @@ from vllm_platform_ext.testing.tiny_models import make_tiny_model
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 KINDS = ("qwen3_5", "qwen3_5_moe")  # Qwen3.5 / 3.6 and their MoE: multimodal checkpoints (text_config)
-# whether the line registers its own config classes for KINDS (its _CONFIG_REGISTRY), read from each line's code
+# whether the line registers its own config classes for KINDS: its _CONFIG_REGISTRY lists them on 0.22-0.31 (each
+# line's vllm/transformers_utils/config.py, read 2026-12-07); the child's "registered" checks it
 REGISTERS = every_line({(0, m): m <= 31 for m in range(22, 35)}, "vLLM's own Qwen3.5 config classes")
 
 

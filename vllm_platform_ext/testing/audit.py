@@ -107,7 +107,7 @@ def passes(bad_fraction: float, floor: float, margin: float = MARGIN) -> bool:
 
 def transformers_config(model_dir: str):
     """``model_dir``'s config as transformers' own class for its ``model_type``, or None where transformers
-    has no class of that name (then ``AutoConfig`` decides). vLLM 0.22-0.26 register their own ``Qwen3_5Config`` /
+    has no class of that name (then ``AutoConfig`` decides). vLLM 0.22-0.31 register their own ``Qwen3_5Config`` /
     ``Qwen3_5MoeConfig`` (``transformers_utils.config._CONFIG_REGISTRY``) into ``AutoConfig`` once an engine in
     the process has read such a checkpoint; ``AutoModelForCausalLM`` then builds the text class on vLLM's
     composite config and fails (``'Qwen3_5Config' object has no attribute 'vocab_size'``: verify --model's audit
@@ -126,9 +126,7 @@ def causal_lm(model_dir: str, dtype, **kw):
     whatever an engine in this process registered."""
     from transformers import AutoModelForCausalLM
 
-    config = transformers_config(model_dir)
-    return AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=dtype, **({"config": config} if config else {}),
-                                                **kw)
+    return AutoModelForCausalLM.from_pretrained(str(model_dir), config=transformers_config(model_dir), dtype=dtype, **kw)
 
 
 class Reference:
