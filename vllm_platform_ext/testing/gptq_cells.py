@@ -155,7 +155,8 @@ def _engine_config(mode: str, k: int, graphs: str, kv: str = "auto"):
 
 def run(root: str | os.PathLike, out: str | os.PathLike, graphs: str = "full_and_piecewise", parallel: int = 4,
         timeout: float = 900, max_tokens: int = 0, only: str = "", cells: tuple | None = None,
-        drift_recorded=lambda ckpt: False, extra_env: dict | None = None, engines_only: bool = False) -> list[dict]:
+        drift_recorded=lambda ckpt: False, extra_env: dict | None = None, engines_only: bool = False,
+        complete_root=None) -> list[dict]:
     """``cells``: (checkpoint under ``root``, mode, k, plugin on, kv_cache_dtype) tuples, default the kit's own
     (:func:`cells_for`); the first ``("bf16", "mtp", k, True, "auto")`` is the acceptance baseline of the later MTP
     cells; see the module's note (testing/ct_cells.py runs its own). ``only``: the cells whose :func:`cell_label`
@@ -163,7 +164,8 @@ def run(root: str | os.PathLike, out: str | os.PathLike, graphs: str = "full_and
     formats that quantize their activations, which the float32 reference on the dequantized weights does not
     compute. ``extra_env``: added to every engine's environment (``verify --quant``: the AVX2 hosts' GEMM
     fallback). ``engines_only``: stop once ``OUT/runs.json`` holds every group, no audit (a device window
-    spends its time on engines; :func:`judge` audits here); returns no rows."""
+    spends its time on engines; :func:`judge` audits here); returns no rows. ``complete_root(root)``: remakes what
+    a carried ROOT of another kit leaves out and returns its record (testing/ct_cells.py's ``complete``)."""
     import torch
 
     from vllm_platform_ext.testing import wna16_fallback
@@ -175,7 +177,10 @@ def run(root: str | os.PathLike, out: str | os.PathLike, graphs: str = "full_and
     # a GPTQ kit's ROOT (``build`` wrote kit.json; the default cells) is completed (bf16 kit, twins); a caller with
     # cells of its own and a ROOT without kit.json (ct_cells) brings every checkpoint itself
     gptq_root = cells is None or (root / KIT_FILE).is_file()
-    rec = complete(root) if gptq_root else {"kind": KIND, "dims": "cpu"}
+    if complete_root is not None:
+        rec = complete_root(root)
+    else:
+        rec = complete(root) if gptq_root else {"kind": KIND, "dims": "cpu"}
     (out / "logs").mkdir(parents=True, exist_ok=True)
     prompts = default_prompts()
     gpu = torch.cuda.is_available()
@@ -240,11 +245,12 @@ def _write_runs(out: Path, record: dict, pending: int) -> None:
     tmp.replace(out / RUNS_FILE)  # a device window's pack never sees half a file
 
 
-def judge(root: str | os.PathLike, out: str | os.PathLike) -> list[dict]:
+def judge(root: str | os.PathLike, out: str | os.PathLike, complete_root=None) -> list[dict]:
     """The cells of ``OUT/runs.json`` (written by :func:`run` as each engine group ended) audited and judged
     here, as :func:`run` would have after its engines: the GPU run's verdict without device time, also of a
     run cut short (its missing groups are ``error`` rows). ROOT: the same kit (``complete`` remakes its bf16
-    kit, checked against kit.json's sha256, and the dequantized twins)."""
+    kit, checked against kit.json's sha256, and the dequantized twins; ``complete_root``: another kit's, as in
+    :func:`run`)."""
     from vllm_platform_ext.testing.engine import EngineRun, EngineSettings
 
     root, out = Path(root), Path(out)
@@ -254,7 +260,7 @@ def judge(root: str | os.PathLike, out: str | os.PathLike) -> list[dict]:
     data = json.loads(path.read_text())
     if data.get("format") != RUNS_FORMAT:
         raise ValueError(f"{path}: runs format {data.get('format')!r}, this reads {RUNS_FORMAT}")
-    rec = complete(root)
+    rec = (complete_root or complete)(root)
     if rec["kind"] != data["kind"]:
         raise ValueError(f"{root}: a {rec['kind']} kit, but {path} ran a {data['kind']} kit")
     known = {f.name for f in fields(EngineRun)}
