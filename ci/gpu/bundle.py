@@ -95,8 +95,15 @@ STRIP = {
     "vllm/vllm-rs": "the Rust front-end binary",
     "vllm/_flashmla_C": "FlashMLA (DeepSeek MLA)",
     "vllm/_flashmla_extension_C": "FlashMLA (DeepSeek MLA)",
-    "vllm/vllm_flash_attn/_vllm_fa2_C": "FlashAttention 2: on Hopper (the GPU machine's H100/H200) vLLM takes FA3 "
-                                        "unless ALiBi or VLLM_BATCH_INVARIANT; without it FA2_AVAILABLE is False",
+}
+# Kept although large, with the reason (tests/ci/test_gpu_bundle_strip.py checks each line's own code): FlashAttention 2
+# (~300 MB unpacked, ~110 MiB at xz -1). Stripped from 12324e4 on ("Hopper takes FA3"), until window 11 (2026-12-07):
+# every TurboQuant engine of the rebuilt 0.26.0 bundle died at its first prefill, "'_vllm_fa2_C' object has no
+# attribute 'varlen_fwd'", because 0.23, 0.26 and 0.33 override flash_attn_version to 2 for a TurboQuant KV cache.
+KEPT = {
+    "vllm/vllm_flash_attn/_vllm_fa2_C": "vllm/engine/arg_utils.py: a TurboQuant KV cache overrides flash_attn_version "
+                                        "to 2 (\"not yet compatible with FlashAttention >= 3\"): its prefill and "
+                                        "continuation rows call FA2's varlen_fwd",
 }
 # Paths inside other carried wheels the suite never loads on a Hopper GPU (prefixes), with the reason.
 STRIP_WHEELS = {

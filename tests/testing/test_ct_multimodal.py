@@ -60,6 +60,8 @@ def test_multimodal_layout_and_config(root, fmt, mode):
     want = ct_kit.quantization_config(fmt, mode.removeprefix("mtp_"))
     assert qc["ignore"] == list(want.ignore)
     assert [g["targets"] for g in qc["config_groups"].values()] == [g.targets for g in want.config_groups.values()]
+    if fmt == "fp8_block":  # the releases' block (ct_cells.GPU_FP8_BLOCK), not the CPU kit's [32, 128]
+        assert qc["config_groups"]["group_0"]["weights"]["block_structure"] == ct_cells.GPU_FP8_BLOCK == [128, 128]
     compressed = ct_kit.compressed_layers(_tensors(d))
     assert any(x.startswith(MM_PREFIX) for x in compressed)
     assert any(x.startswith("mtp.") for x in compressed) == (mode == "mtp_quantized")
@@ -123,7 +125,7 @@ def test_complete_remakes_what_a_window_does_not_carry(root, tmp_path):
         for mode in MODES:
             shutil.copytree(root / f"{fmt}-{mode}", carried / f"{fmt}-{mode}")
     rec = ct_cells.complete(carried)
-    assert (rec["kind"], rec["dims"], rec["formats"]) == ("qwen3_5", "gpu", list(FORMATS))
+    assert (rec["kind"], rec["dims"], rec["formats"], rec["fp8_block"]) == ("qwen3_5", "gpu", list(FORMATS), [128, 128])
     assert (carried / "bf16" / "model.safetensors").read_bytes() == (root / "bf16" / "model.safetensors").read_bytes()
     for fmt in FORMATS:
         for mode in MODES:

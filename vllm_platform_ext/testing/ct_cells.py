@@ -52,6 +52,11 @@ def build_kits(root: Path, bf16: Path, formats: tuple = ct_kit.FORMATS, extra: t
     return root
 
 
+# the FP8 block of the GPU kit: the releases' 128 x 128 (the GPU dims' layers it takes are multiples of 128). The CPU
+# kit's [32, 128] meets vLLM's activation group taken from the block's N edge on CUDA (0.23-0.33
+# CompressedTensorsW8A8Fp8: GroupShape(1, block[0]); vLLM PR #46593, open): window 11's [32, 128] cells died in
+# w8a8_triton_block_scaled_mm's assert, 2026-12-07 (results/gpu/2026-12-07-ct-kit-full-graphs)
+GPU_FP8_BLOCK = [128, 128]
 KIT_FILE = "ct_kit.json"  # ROOT's record: kind, dims, formats, the bf16 kit's sha256 (:func:`complete`)
 
 
@@ -62,8 +67,10 @@ def build(root: str | os.PathLike, formats: tuple = ct_kit.FORMATS, kind: str = 
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
     bf16 = make_tiny_model(kind, root / "bf16", target="recall", dims=dims)
-    build_kits(root, bf16, formats)
+    block = GPU_FP8_BLOCK if dims == "gpu" else None
+    build_kits(root, bf16, formats, extra=("--fp8-block", *map(str, block)) if block else ())
     (root / KIT_FILE).write_text(json.dumps({"kind": kind, "dims": dims, "formats": list(formats),
+                                             "fp8_block": block or ct_kit.FP8_BLOCK_SIZE,
                                              "bf16_sha256": _sha256(bf16 / "model.safetensors")}, indent=1) + "\n")
     return root
 
