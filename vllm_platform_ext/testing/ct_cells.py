@@ -80,18 +80,10 @@ def complete(root: str | os.PathLike) -> dict:
     from the committed recall weights (checked against ``ct_kit.json``'s sha256) and each checkpoint's float32
     dequantized twin (:func:`ct_kit.write_dequantized`: torch alone, no quantizer). Returns ``ct_kit.json``'s record
     (a ROOT without it: the text kit at the CPU dims, whose twins ``build`` wrote)."""
-    from vllm_platform_ext.testing.gptq_cells import _sha256
-    from vllm_platform_ext.testing.tiny_models import make_tiny_model
+    from vllm_platform_ext.testing.gptq_cells import kit_record
 
     root = Path(root)
-    path = root / KIT_FILE
-    rec = json.loads(path.read_text()) if path.is_file() else {"kind": KIND, "dims": "cpu"}
-    bf16 = root / "bf16"
-    if not (bf16 / "model.safetensors").is_file():
-        make_tiny_model(rec["kind"], bf16, target="recall", dims=rec["dims"])
-    if rec.get("bf16_sha256") and _sha256(bf16 / "model.safetensors") != rec["bf16_sha256"]:
-        raise ct_kit.CtKitError(f"{bf16}: not the bf16 kit the checkpoints were quantized from (sha256 differs "
-                                f"from {path}): rebuild ROOT from this tree")
+    rec, bf16 = kit_record(root, KIT_FILE, ct_kit.CtKitError)
     for fmt in rec.get("formats", ()):
         for mode in ct_kit.MTP_MODES:
             d = root / f"{fmt}-mtp_{mode}"

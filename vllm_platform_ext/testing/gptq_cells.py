@@ -120,21 +120,31 @@ def build(root: str | os.PathLike, kind: str = KIND, dims: str = "cpu", pythonpa
     return root
 
 
+def kit_record(root: Path, record_file: str, error: type[Exception] = RuntimeError) -> tuple[dict, Path]:
+    """A kit ROOT's record (``root/record_file``; without it: the text kit at the CPU dims) and its bf16 kit, remade
+    from the committed recall weights where a carried ROOT leaves it out and checked against the record's sha256
+    (``error`` where it differs): the shared first half of this module's and testing/ct_cells.py's ``complete``."""
+    from vllm_platform_ext.testing.tiny_models import make_tiny_model
+
+    path = root / record_file
+    rec = json.loads(path.read_text()) if path.is_file() else {"kind": KIND, "dims": "cpu"}
+    bf16 = root / "bf16"
+    if not (bf16 / "model.safetensors").is_file():
+        make_tiny_model(rec["kind"], bf16, target="recall", dims=rec["dims"])
+    if rec.get("bf16_sha256") and _sha256(bf16 / "model.safetensors") != rec["bf16_sha256"]:
+        raise error(f"{bf16}: not the bf16 kit the checkpoints were quantized from (sha256 differs from {path}): "
+                    "rebuild ROOT from this tree")
+    return rec, bf16
+
+
 def complete(root: str | os.PathLike) -> dict:
     """Remake what ``build`` wrote and a carried ROOT may leave out: the bf16 kit (from the committed recall
     weights: checked against ``kit.json``'s sha256) and each variant's dequantized twin (torch alone).
     Returns ``kit.json``'s record (a ROOT without it: the text kit at the CPU dims)."""
     from vllm_platform_ext.testing.gptq_kit import VARIANTS, write_dequantized
-    from vllm_platform_ext.testing.tiny_models import make_tiny_model
 
     root = Path(root)
-    rec = json.loads((root / KIT_FILE).read_text()) if (root / KIT_FILE).is_file() else {"kind": KIND, "dims": "cpu"}
-    bf16 = root / "bf16"
-    if not (bf16 / "model.safetensors").is_file():
-        make_tiny_model(rec["kind"], bf16, target="recall", dims=rec["dims"])
-    if rec.get("bf16_sha256") and _sha256(bf16 / "model.safetensors") != rec["bf16_sha256"]:
-        raise RuntimeError(f"{bf16}: not the bf16 kit the checkpoints were quantized from (sha256 differs from "
-                           f"{root / KIT_FILE}): rebuild ROOT from this tree")
+    rec, bf16 = kit_record(root, KIT_FILE)
     for name in VARIANTS:
         if not (root / name).is_dir():
             raise RuntimeError(f"{root / name}: missing (gptq_cells build writes it)")
