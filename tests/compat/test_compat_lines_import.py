@@ -17,8 +17,9 @@ The same child records every patch group's verdict on the line (applied, or skip
 reason): :data:`GROUP_VERDICTS` is what each group's probe says on each line's real code. Found when
 0.27-0.31 and 0.34 were added (2026-12-06): ``mamba.align_prefill_budget`` failed on 0.30 (its split
 reads ``mamba_fine_grained_prefix_cache``, 0.31's ``mamba_shared_prefix_checkpoint`` under its 0.30
-name, which the probe's scheduler lacked); ``gdn.cuda_zero_draft_spec_rows`` matches neither the old
-nor the fixed GDN code on 0.28-0.31 and 0.34 and is not patched blind; ``turboquant.v1_runner_cache_dtype``
+name, which the probe's scheduler lacked); ``gdn.cuda_zero_draft_spec_rows`` took 0.28-0.31 and 0.34 for
+"neither the old nor the fixed GDN code" (2026-12-07: 0.28-0.31 are the old runner and builder with the
+layer fixed, now patched, tests/patch/test_gdn_cuda_lines.py; 0.34 is fixed in model runner v2); ``turboquant.v1_runner_cache_dtype``
 was applied on 0.27/0.28, whose TurboQuant specs carry a ``KVQuantMode`` of their own (not needed: its probe
 now says so); 0.34 has no V1
 ``GPUModelRunner`` (model runner v2 only), so ``spec.draft_ids_in_vocab`` has no target there. Without the plugin 10 of 12 non-ROCm fusion modules fail on each line
@@ -46,7 +47,6 @@ def _span(first, last, verdict) -> dict:
 
 APPLIED = "applied"
 NO_SPEC_PATH = "skipped: not needed: this vLLM's CPU GDN op has no speculative path"
-NOT_BLIND = "skipped: installed vLLM matches neither the fixed (0.32+) nor the old (0.19-0.26) GDN code"
 FIXED_GDN = "skipped: upstream already runs zero-draft decode rows on the speculative path"
 NO_REALIGN = "skipped: not applied on this line: its split does not stop a prefill chunk"
 RESERVES = "skipped: not needed: upstream's builder reserves its workspace itself"
@@ -59,8 +59,7 @@ GROUP_VERDICTS = {
     "gdn.cpu_spec_decode": every_line(_span((0, 22), (0, 25), NO_SPEC_PATH) | _span((0, 26), LAST, APPLIED),
                                       "gdn.cpu_spec_decode"),
     "gdn.cuda_zero_draft_spec_rows": every_line(
-        _span((0, 22), (0, 27), APPLIED) | _span((0, 28), (0, 31), NOT_BLIND) | _span((0, 32), (0, 33), FIXED_GDN)
-        | _span((0, 34), LAST, NOT_BLIND), "gdn.cuda_zero_draft_spec_rows"),
+        _span((0, 22), (0, 31), APPLIED) | _span((0, 32), LAST, FIXED_GDN), "gdn.cuda_zero_draft_spec_rows"),
     "mamba.align_prefill_budget": every_line(_span((0, 22), (0, 25), NO_REALIGN) | _span((0, 26), LAST, APPLIED),
                                              "mamba.align_prefill_budget"),
     "spec.draft_ids_in_vocab": every_line(

@@ -52,11 +52,9 @@ def main() -> dict:
     import vllm.v1.sample.ops.penalties  # noqa: F401 -- loaded before the pinned-memory switch below
     import vllm.v1.worker.gpu_model_runner as gmr
 
-    for mod in [m for name, m in sys.modules.items() if name.startswith("vllm.") and m is not None]:
-        if isinstance(getattr(mod, "PIN_MEMORY", None), bool):
-            mod.PIN_MEMORY = False
-        if callable(getattr(mod, "is_pin_memory_available", None)):
-            mod.is_pin_memory_available = lambda: False
+    from line_pins import no_pinned_memory
+
+    no_pinned_memory()
     from vllm_platform_ext import patching
     from vllm_platform_ext.patch import spec_draft_ids as sd
     from vllm_platform_ext.report import Report

@@ -12,8 +12,11 @@ on every step of a speculative config, and the builder selects spec rows with ``
 runs the spec path even when every row drafted nothing. The probes below look for exactly
 that in the installed sources and skip the group with the lines found as evidence.
 
-On the older lines (run against the real vLLM 0.23.0; the probes also match the 0.19.0, 0.26.0
-and 0.27.0 sources) three places lack it, and the group patches all three or nothing:
+On the older lines (run against the real vLLM 0.23.0 and, from their wheels, 0.27-0.31; the probes
+also match the 0.19.0 and 0.26.0 sources) three places lack it. The group patches the runner and the
+builder, and the layer where it is old (0.19-0.27; 0.28+ fixed the layer, PR #51812). 0.29-0.31 spell the
+builder's sum gate through the mask they have just built; before 2026-12-07 the probe missed that and the
+fixed layer, took 0.28-0.31 for "neither old nor fixed" and left them unpatched:
 
 * runner, ``GPUModelRunner._build_attention_metadata``: passes ``num_accepted_tokens`` to the
   GDN builder only when some request has drafts this step (``if use_spec_decode and
@@ -43,8 +46,12 @@ and 0.27.0 sources) three places lack it, and the group patches all three or not
   ``a.index_select(0, spec_token_indx)``). Rerouting zero-draft rows creates such mixed batches
   on steps without drafts, so the group selects the spec tokens' gates for that call.
 
-Not covered: the V2 model runner (``vllm/v1/worker/gpu/``; not the default for hybrid models
-on these lines, and it rejects ngram drafting) and the ROCm ``_forward_core_rocm`` path.
+Model runner v2 (``vllm/v1/worker/gpu/``): the CUDA default from 0.29 wherever it supports the config
+(MTP does; ngram, suffix and mamba cache mode ``all`` fall back to V1), the only runner of 0.34. Its
+``model_states/mamba_hybrid.py`` keeps decode rows without drafts as spec rows from 0.33 (0.34: the probe
+skips with that line as evidence); on 0.29-0.31 it does not, and is not patched here: under MTP a decode row
+has no drafts only where the scheduler trims them (a request at its length limit), and ngram -- where rows
+without drafts are common -- always runs V1. Not covered either: the ROCm ``_forward_core_rocm`` path.
 """
 from __future__ import annotations
 
@@ -71,9 +78,13 @@ LAYER_MODULE = "<gdn layer module>"  # probe() key for the module found in LAYER
 # upstream evidence (0.32/0.33)
 _RUNNER_FIX = re.compile(r"zero_draft_decode_mask\s*=")
 _BUILDER_SPEC_MASK = re.compile(r"spec_sequence_masks(_cpu)?\s*=\s*num_decode_draft_tokens_cpu\s*>=\s*0")
-# the old gate that sends an all-zero-draft batch down the plain path
-_OLD_SUM_GATE = re.compile(r"num_decode_draft_tokens_cpu\[\s*num_decode_draft_tokens_cpu\s*>=\s*0\s*\]\s*"
-                           r"\.sum\(\)\s*\.item\(\)\s*==\s*0", re.S)
+# the old gate that sends an all-zero-draft batch down the plain path (0.19-0.28; 0.29-0.31 index the same
+# rows through the mask they have just built)
+_OLD_SUM_GATE = re.compile(r"num_decode_draft_tokens_cpu\[\s*(?:num_decode_draft_tokens_cpu\s*>=\s*0|"
+                           r"spec_sequence_masks_cpu)\s*\]\s*\.sum\(\)\s*\.item\(\)\s*==\s*0", re.S)
+# model runner v2 (0.33+; the only runner of 0.34): decode rows without drafts stay spec rows
+V2_MODULE = "vllm.v1.worker.gpu.model_states.mamba_hybrid"
+_V2_ZERO_DRAFT_FIX = re.compile(r"np\.where\(\s*is_decode,\s*num_draft_tokens_per_req,\s*-1\s*\)")
 # old runner: GDN builders get the accepted counts only on steps where some request drafted
 _RUNNER_GATE = re.compile(r"if\s+use_spec_decode\s+and\s+isinstance\(\s*builder,\s*\([^)]*GDNAttentionMetadataBuilder",
                           re.S)
@@ -92,7 +103,7 @@ _LAYER_SPEC_GATES_FIXED = re.compile(r"\ba\.index_select\(\s*0,\s*spec_token_ind
 
 _RUNNER_FEATURES = ("runner_gate", "runner_passes_accepted", "runner_syncs_accepted", "runner_is_prefilling",
                     "runner_real_step")
-_OLD_LINE_FEATURES = ("builder_spec_mask", "builder_sum_gate", *_RUNNER_FEATURES, "layer_spec_gates")
+_OLD_LINE_FEATURES = ("builder_spec_mask", "builder_sum_gate", *_RUNNER_FEATURES)
 
 # the runner's accepted counts during a scheduled step, offered to the GDN builder (runner patch ->
 # builder patch); CAPTURE during a CUDA graph capture; None otherwise (dummy and warm-up runs, a
@@ -144,6 +155,7 @@ def probe(sources: Callable[[str], tuple[str, str] | None] = module_source) -> d
         "builder_sum_gate": (BUILDER_MODULE, _OLD_SUM_GATE),
         "layer_spec_gates": (LAYER_MODULE, _LAYER_SPEC_GATES),
         "layer_spec_gates_fixed": (LAYER_MODULE, _LAYER_SPEC_GATES_FIXED),
+        "v2_runner_fix": (V2_MODULE, _V2_ZERO_DRAFT_FIX),
     }
     out: dict[str, Any] = dict.fromkeys(checks)
     texts: dict[str, tuple[str, str] | None] = {}
@@ -166,12 +178,26 @@ def skip_reason(p: dict[str, Any] | None = None) -> str | None:
         return ("upstream already runs zero-draft decode rows on the speculative path: "
                 f"runner zero_draft_decode_mask at {p['runner_fix']}, builder '>= 0' spec mask at "
                 f"{p['builder_spec_mask']}, no all-zero-draft sum gate")
+    if (p["v2_runner_fix"] and p["builder_spec_mask"] and not p["builder_sum_gate"]
+            and not any(p[k] for k in _RUNNER_FEATURES)):
+        return ("upstream already runs zero-draft decode rows on the speculative path: model runner v2 only "
+                f"(no V1 GPUModelRunner), its decode rows without drafts stay spec rows at {p['v2_runner_fix']}, "
+                f"builder '>= 0' spec mask at {p['builder_spec_mask']}, no all-zero-draft sum gate")
     missing = [k for k in _OLD_LINE_FEATURES if not p[k]]
-    if p["runner_fix"] or p["layer_spec_gates_fixed"] or missing:
+    layer_known = bool(p["layer_spec_gates"]) != bool(p["layer_spec_gates_fixed"])
+    if p["runner_fix"] or missing or not layer_known:
         found = {k: v for k, v in p.items() if v}
-        return ("installed vLLM matches neither the fixed (0.32+) nor the old (0.19-0.26) GDN code; "
-                f"not patching blind: old-line features missing {missing}, found {found}")
+        return ("installed vLLM matches neither the fixed (0.32+) nor the old (0.19-0.31) GDN code; "
+                f"not patching blind: old-line features missing {missing}"
+                f"{'' if layer_known else ', the layer neither old nor fixed'}, found {found}")
     return None
+
+
+def layer_needs_patch(p: dict[str, Any] | None = None) -> bool:
+    """The layer's spec call still takes the whole batch's gates (0.19-0.27); 0.28+ select the spec
+    tokens' gates themselves (PR #51812), so only the runner and the builder are patched there."""
+    p = probe() if p is None else p
+    return bool(p["layer_spec_gates"]) and not p["layer_spec_gates_fixed"]
 
 
 def spec_row_drafts(query_start_loc_cpu, is_prefilling, num_decode_draft_tokens_cpu, num_reqs: int,
@@ -283,12 +309,10 @@ def _make_gating(orig: Callable) -> Callable:
 
 def _patches() -> list[Patch]:
     build, runner, core, gating = targets()
-    return [
-        Patch(build, _make_build),
-        Patch(runner, _make_runner_build_attention_metadata),
-        Patch(core, _make_forward_core),
-        Patch(gating, _make_gating),
-    ]
+    patches = [Patch(build, _make_build), Patch(runner, _make_runner_build_attention_metadata)]
+    if layer_needs_patch():
+        patches += [Patch(core, _make_forward_core), Patch(gating, _make_gating)]
+    return patches
 
 
 def groups() -> list[PatchGroup]:
@@ -301,10 +325,11 @@ def groups() -> list[PatchGroup]:
             targets=(BUILD_TARGET, RUNNER_TARGET, *(f"{m}:{c}._forward_core" for m, c in LAYER_LOCATIONS),
                      *(f"{m}:fused_sigmoid_gating_delta_rule_update" for m, _ in LAYER_LOCATIONS)),
             upstream="vllm#39273 / PR #40738 (seeds/000); vLLM 0.32 runs such rows on the spec path itself "
-                     "(runner zero_draft_decode_mask, builder '>= 0' spec mask); the layer's spec-token gates: "
-                     "PR #51812",
-            retire="probe: the runner's zero_draft_decode_mask and the builder's '>= 0' spec mask present "
-                   "and no all-zero-draft sum gate -> skipped as not needed (vLLM 0.32+)",
+                     "(runner zero_draft_decode_mask, builder '>= 0' spec mask), 0.34's model runner v2 too; the "
+                     "layer's spec-token gates: PR #51812 (0.28+, where only the runner and builder are patched)",
+            retire="probe: the runner's zero_draft_decode_mask (or, without a V1 runner, model runner v2's "
+                   "zero-draft spec rows) and the builder's '>= 0' spec mask present and no all-zero-draft sum "
+                   "gate -> skipped as not needed (vLLM 0.32+); lines 0.22-0.31 are tested on their own code",
         )
     ]
 
