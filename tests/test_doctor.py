@@ -81,6 +81,10 @@ def test_doctor_text_and_disabled_patch_shows_reason():
                     "== TurboQuant verify kernel per preset"):
         assert heading in proc.stdout
     assert re.search(r"vLLM line support +0\.32: proven in an engine \(CPU\) \(\d+ cells passed", proc.stdout)
+    # 0.32's CUDA engine builds model runner v2 for Qwen3.5 with MTP and ngram: the V1-runner group applied
+    # in this process is named as never called there
+    runner = proc.stdout.split("== model runner a CUDA engine", 1)[1].split("\n== ", 1)[0]
+    assert re.search(r"\n  mtp +v2 .*\n +applied here, never called by v2: spec\.draft_ids_in_vocab", runner), runner
     line = [l for l in proc.stdout.splitlines() if "gdn.cpu_spec_decode" in l and "patch" in l][0]
     assert "[skipped]" in line and "disabled by VLLM_PLATFORM_EXT_DISABLE" in line
 

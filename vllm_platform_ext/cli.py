@@ -137,6 +137,12 @@ def _optional_sections() -> dict:
         out.setdefault("compat_table", {})
         out["compat_schemas"] = f"unavailable: {type(exc).__name__}: {exc}"
     try:
+        from vllm_platform_ext import runner_choice
+
+        out["model_runner"] = runner_choice.describe()
+    except Exception as exc:
+        out["model_runner"] = f"unavailable: {type(exc).__name__}: {exc}"
+    try:
         from vllm_platform_ext.ops import launch
 
         out["launch_policy"] = [list(r) for r in launch.describe()]
@@ -215,6 +221,12 @@ def _print_doctor(info: dict) -> None:
     for g in [*info.get("compat_groups", []), *info["patch_groups"]]:
         print(f"  {g['name']}\n      why:      {g['why']}\n      upstream: {g['upstream']}\n"
               f"      retire:   {g['retire']}")
+    if isinstance(info.get("model_runner"), list):
+        section("model runner a CUDA engine of this vLLM line builds for Qwen3.5 (VLLM_USE_V2_MODEL_RUNNER as set)")
+        for method, runner, why, reach in info["model_runner"]:
+            print(f"  {method:6} {runner:3} {why}\n             {reach}")
+    elif info.get("model_runner"):
+        section(f"model runner: {info['model_runner']}")
     section("fix targets (live: the classes vLLM's registries hold now)")
     for fix, cls, state in info["fix_targets"]:
         print(f"  {fix:24} {cls:60} {state}")

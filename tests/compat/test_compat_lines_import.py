@@ -108,10 +108,17 @@ try:
 except ImportError:
     lib = "absent"
 import vllm_platform_ext as v
-from vllm_platform_ext import compat
+from vllm_platform_ext import compat, runner_choice
+runners = {f"{m}/{mode}": runner_choice.cuda_runner(m, mamba_cache_mode=mode)["runner"]
+           for m in ("mtp", "ngram") for mode in ("none", "all")}
+import os
+for setting in ("0", "1"):  # the user's choice wins where the line has both runners
+    os.environ["VLLM_USE_V2_MODEL_RUNNER"] = setting
+    runners[f"mtp/none/VLLM_USE_V2_MODEL_RUNNER={setting}"] = runner_choice.cuda_runner("mtp")["runner"]
+del os.environ["VLLM_USE_V2_MODEL_RUNNER"]
 info = v.bootstrap.info()
 print("JSON" + json.dumps({"vllm": vllm.__version__, "file": vllm.__file__, "imports": res, "kernel_library": lib,
-                           "summary": info["summary"], "table": compat.table_info(),
+                           "summary": info["summary"], "table": compat.table_info(), "runners": runners,
                            "failed": [e for e in info["entries"] if e["status"] == "failed"],
                            "groups": {e["name"]: [e["status"], e["detail"]] for e in info["entries"]
                                       if e["step"] in ("patch", "quant")}}))
@@ -158,6 +165,28 @@ def test_each_groups_probe_on_the_lines_own_code(line):
             assert status == "applied", (key, group, status, detail)
         else:
             assert status == "skipped" and detail.startswith(want.removeprefix("skipped: ")), (key, group, detail)
+
+
+# line -> the runner a CUDA engine of it builds for Qwen3.5 (``runner_choice.cuda_runner``, the line's own
+# VllmConfig.use_v2_model_runner): speculative method / mamba cache mode, and VLLM_USE_V2_MODEL_RUNNER set.
+V1_ONLY = {"mtp/none": "v1", "mtp/all": "v1", "ngram/none": "v1", "ngram/all": "v1"}
+USER_CHOICE = {"mtp/none/VLLM_USE_V2_MODEL_RUNNER=0": "v1", "mtp/none/VLLM_USE_V2_MODEL_RUNNER=1": "v2"}
+V2_DEFAULT = {"mtp/none": "v2", "mtp/all": "v2", "ngram/none": "v2", "ngram/all": "v2"}
+RUNNERS = every_line(
+    _span((0, 22), (0, 28), V1_ONLY | USER_CHOICE)
+    | _span((0, 29), (0, 29), {"mtp/none": "v2", "mtp/all": "v2", "ngram/none": "v1", "ngram/all": "v1"} | USER_CHOICE)
+    | _span((0, 30), (0, 31), {"mtp/none": "v2", "mtp/all": "v1", "ngram/none": "v1", "ngram/all": "v1"} | USER_CHOICE)
+    | _span((0, 32), (0, 33), V2_DEFAULT | USER_CHOICE)
+    | _span((0, 34), LAST, V2_DEFAULT | {k: "v2" for k in USER_CHOICE}), "runner_choice.cuda_runner")
+
+
+def test_which_runner_the_lines_cuda_engine_builds(line):
+    """Model runner v2 is the CUDA default from 0.29 wherever it supports the config (MTP; ngram from 0.32;
+    not mamba cache mode 'all' on 0.30/0.31), and 0.34's only runner: there the groups that patch the V1
+    runner (``runner_choice.V1_RUNNER_GROUPS``) are applied and never called. The user's
+    VLLM_USE_V2_MODEL_RUNNER wins where both runners exist -- the stand-in config flips with it."""
+    key, got = line
+    assert got["runners"] == RUNNERS[key], (key, got["runners"])
 
 
 @pytest.mark.parametrize("key", LINES, ids=line_id)

@@ -6,8 +6,9 @@ vLLM #46574: "the MTP proposer's reject-all / padding sentinel"), a proposer tha
 with -1 (``ngram_proposer_gpu``), and vLLM's own scheduler, which pads grammar-rejected drafts with
 -1 (``Scheduler.update_draft_token_ids_in_output``).
 
-Where they go, on the V1 runner (``vllm/v1/worker/gpu_model_runner.py``: vLLM 0.22-0.33 on CPU, the
-GPU lines' runner for hybrid models): the scheduler's drafts are written into the input batch
+Where they go, on the V1 runner (``vllm/v1/worker/gpu_model_runner.py``: vLLM 0.22-0.33 on CPU; on CUDA
+the runner of Qwen3.5 up to 0.28, and of ngram up to 0.31 -- from 0.29 model runner v2 is the CUDA default
+wherever it supports the config, which this group does not patch: ``runner_choice``, doctor): the scheduler's drafts are written into the input batch
 (``InputBatch.update_req_spec_token_ids``) and gathered into the runner's ``input_ids`` buffer; with
 async scheduling the previous step's drafts are scattered into it on the device
 (``_prepare_input_ids``). From that buffer ``_calc_spec_decode_metadata`` gathers the rejection
