@@ -1,11 +1,13 @@
 """Which model runner a CUDA engine of the installed vLLM line builds for a Qwen3.5/3.6 model with
 speculative decoding: V1 (``vllm/v1/worker/gpu_model_runner.py``) or model runner v2 (``vllm/v1/worker/gpu/``).
 
-It matters because three patch groups patch the V1 runner only (:data:`V1_RUNNER_GROUPS`): where a line
+It matters because two patch groups patch the V1 runner only (:data:`V1_RUNNER_GROUPS`): where a line
 builds v2, they are applied and never called. Measured on each line's own code (tests/compat/test_compat_lines_import.py, ``RUNNERS``):
 0.22-0.28 build V1 for Qwen3.5 (v2 is the default only for a list of architectures, not the hybrid ones);
 from 0.29 v2 is the CUDA default wherever it supports the config -- MTP on 0.29+, ngram from 0.32/0.33;
-0.34 has no V1 runner.
+0.34 has no V1 runner. Read in v2 (0.33), not run in an engine: its drafts come from the speculator's own
+device buffer (the draft model's argmax over its vocabulary-sized logits), not from the scheduler's host lists,
+so the -1 / grammar-padding sources ``spec.draft_ids_in_vocab`` guards in V1 do not feed v2's input ids.
 
 The answer is vLLM's own ``VllmConfig.use_v2_model_runner`` run on a stand-in config: the model, the
 speculative method and the mamba cache mode as given, every other feature it asks about off (no pipeline
@@ -20,7 +22,8 @@ from typing import Any
 
 V1_RUNNER_MODULE = "vllm.v1.worker.gpu_model_runner"
 # the groups whose targets are V1 runner methods (or read what only the V1 runner passes)
-V1_RUNNER_GROUPS = ("spec.draft_ids_in_vocab", "gdn.cuda_zero_draft_spec_rows", "turboquant.v1_runner_cache_dtype")
+# (gdn.cuda_zero_draft_spec_rows patches v2's MambaHybridModelState.prepare_attn too, where it is old: 0.27-0.31)
+V1_RUNNER_GROUPS = ("spec.draft_ids_in_vocab", "turboquant.v1_runner_cache_dtype")
 QWEN3_5 = "Qwen3_5ForConditionalGeneration"
 
 

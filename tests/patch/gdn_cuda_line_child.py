@@ -217,11 +217,56 @@ def _old_side() -> dict:  # runs on the line's own vLLM
             r[name] = dict(spec_call=seen[0], other_call=seen[1], spec_token_indx=md.spec_token_indx.tolist())
         return r
 
+    def v2_runs():
+        """Model runner v2's real ``MambaHybridModelState.prepare_attn`` (the CUDA default for MTP from 0.29) on
+        a stand-in state and input batch, through the line's real ``build_attn_metadata`` and builder: a step
+        where no request drafted, a step where r0 drafted 2 and r1 nothing, and a capture of one-token rows.
+        None where the group does not read the line's v2 (0.22-0.26: opt-in there, another signature)."""
+        import importlib
+
+        import numpy as np
+
+        if not (out["probe"]["v2_runner_old"] or out["probe"]["v2_runner_fix"]):
+            return None
+        try:
+            mh = importlib.import_module("vllm.v1.worker.gpu.model_states.mamba_hybrid")
+            prepare = mh.MambaHybridModelState.prepare_attn
+        except (ImportError, AttributeError):
+            return None
+        no_pinned_memory()  # the modules just imported hold their own copies
+        bld = builder()
+        accepted_by_req = torch.tensor([3, 1, 1, 1], dtype=torch.int32)  # request state rows 0-3
+
+        def run(b, drafts, for_capture=False):
+            qlens = b["qsl"].diff()
+            state = NS(vllm_config=NS(num_speculative_tokens=K), num_accepted_tokens_gpu=accepted_by_req.clone(),
+                       max_model_len=4096, _align_mode=False, recoverssm=None)
+            ib = NS(num_reqs=b["n"], num_tokens=b["T"], num_reqs_after_padding=b["n"], num_tokens_after_padding=b["T"],
+                    query_start_loc_np=b["qsl"].numpy(), query_start_loc=b["qsl"], max_query_len=int(qlens.max()),
+                    num_scheduled_tokens=qlens.numpy().astype(np.int32), seq_lens_cpu_upper_bound=b["seq"],
+                    is_prefilling_np=(b["computed"] < b["prompt"]).numpy(), prefill_runs_as_decode_np=None,
+                    idx_mapping=torch.arange(b["n"], dtype=torch.long),
+                    num_draft_tokens_per_req=None if drafts is None else np.array(drafts, dtype=np.int32),
+                    seq_lens=b["seq"], dcp_local_seq_lens=None, positions=torch.zeros(b["T"], dtype=torch.long),
+                    prompt_lens=b["prompt"])
+            groups = [[NS(get_metadata_builder=lambda ubid=0: bld, kv_cache_spec=bld.kv_cache_spec,
+                          layer_names=[PREFIX],  # 0.33 builds through the group
+                          build_metadata=lambda cm, ubid=0, common_prefix_len=0, **kw: bld.build(
+                              common_prefix_len, cm, **kw),
+                          build_metadata_for_cudagraph_capture=lambda cm, ubid=0: bld.build_for_cudagraph_capture(
+                              cm))]]
+            md = prepare(state, ib, CUDAGraphMode.NONE, (b["bt"],), torch.zeros(1, b["T"], dtype=torch.long), groups,
+                         NS(kv_cache_groups=[NS(kv_cache_spec=bld.kv_cache_spec)]), for_capture=for_capture)
+            return summary(md[PREFIX])
+
+        return dict(no_drafts=run(mixed, None), spec_step=run(spec_step, [2, 0, 0, 0]),
+                    capture=run(decodes, None, for_capture=True))
+
     def old(fn):  # what the unpatched old line does
         return fn()
 
     out["unpatched"] = dict(builder=old(builder_runs), runner_no_drafts=runner_run(False),
-                            runner_warmup=runner_run(True, dummy=True))
+                            runner_warmup=runner_run(True, dummy=True), v2=v2_runs())
     report = Report()
     (group,) = G.groups()
     out["applied"] = patching.apply_group(group, report)
@@ -230,7 +275,7 @@ def _old_side() -> dict:  # runs on the line's own vLLM
     out["patched_targets"] = patching.applied_targets(group.name)
     try:
         out["patched"] = dict(builder=builder_runs(), runner_no_drafts=runner_run(False),
-                              runner_warmup=runner_run(True, dummy=True))
+                              runner_warmup=runner_run(True, dummy=True), v2=v2_runs())
         if out["layer_needs_patch"]:
             out["patched"]["layer"] = layer_run()
     finally:

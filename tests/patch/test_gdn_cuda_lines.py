@@ -9,7 +9,9 @@ there. Now the group patches the runner and the builder on 0.27-0.31, and the la
 (0.27).
 
 Each line's child (``gdn_cuda_line_child.py``, the same scenarios the 0.23 venv runs) runs the line's real
-``GDNAttentionMetadataBuilder`` and ``GPUModelRunner._build_attention_metadata`` on CPU tensors. The reference
+``GDNAttentionMetadataBuilder``, ``GPUModelRunner._build_attention_metadata`` and model runner v2's
+``MambaHybridModelState.prepare_attn`` (v2 is the CUDA default for MTP from 0.29 and marks decode rows without
+drafts -1 up to 0.31) on CPU tensors. The reference
 is upstream's own fix: vLLM 0.33's builder fed what 0.33's fixed runner hands it for the same steps (its
 ``zero_draft_decode_mask``); every patched line must give exactly that metadata.
 """
@@ -33,7 +35,13 @@ def upstream():
     got = run_line_child((0, 33), [CHILD])
     assert got["skip"].startswith("upstream already runs zero-draft decode rows on the speculative path"), got["skip"]
     assert got["applied"] is False and got["patched_targets"] == []
-    return got["unpatched"]["builder"]
+    return got["unpatched"]
+
+
+@pytest.fixture(scope="module")
+def upstream_v2(upstream):
+    assert upstream["v2"]["no_drafts"]["num_spec_decodes"] == 2, upstream["v2"]
+    return upstream["v2"]
 
 
 @pytest.fixture(scope="module", params=LINES, ids=line_id)
@@ -52,7 +60,9 @@ def test_the_group_applies_with_the_layer_only_where_it_is_old(line):
     assert got["skip"] is None and got["applied"] is True
     old_layer = key in LAYER_OLD
     assert got["layer_needs_patch"] is old_layer
-    assert sorted(got["patched_targets"]) == sorted(got["targets"] if old_layer else got["targets"][:2])
+    assert p["v2_runner_old"] and not p["v2_runner_fix"], p
+    v2 = "vllm.v1.worker.gpu.model_states.mamba_hybrid:MambaHybridModelState.prepare_attn"
+    assert sorted(got["patched_targets"]) == sorted([*(got["targets"] if old_layer else got["targets"][:2]), v2])
     assert got["restored"]
 
 
@@ -70,6 +80,7 @@ def test_unpatched_line_reads_stale_state(line):
 
 def test_patched_line_gives_upstreams_metadata(line, upstream):
     _, got = line
+    upstream = upstream["builder"]
     p = got["patched"]
     md = p["runner_no_drafts"]
     assert md["num_spec_decodes"] == 2 and md["spec_state_indices"] == [BT[0], BT[1]]
@@ -79,6 +90,17 @@ def test_patched_line_gives_upstreams_metadata(line, upstream):
     assert p["builder"]["spec_step"] == upstream["upstream_form_spec_step"]
     assert p["builder"]["explicit_zero_drafts"] == upstream["explicit_zero_drafts"]
     assert p["builder"]["capture"] == upstream["capture"]
+
+
+def test_model_runner_v2_zero_draft_rows(line, upstream_v2):
+    """Model runner v2 (the CUDA default for MTP from 0.29) marks a decode row without drafts -1 on these lines,
+    so its state is read from column 0; patched, its real ``prepare_attn`` gives what 0.33's fixed one gives."""
+    _, got = line
+    u, p = got["unpatched"]["v2"], got["patched"]["v2"]
+    assert u["no_drafts"]["num_spec_decodes"] == 0 and u["no_drafts"]["non_spec_state_indices"][:2] == [1, 11]
+    assert u["spec_step"]["num_spec_decodes"] == 1 and u["capture"]["num_spec_decodes"] == 0
+    assert p["no_drafts"]["num_spec_decodes"] == 2 and p["no_drafts"]["num_accepted_tokens"] == [3, 1]
+    assert p == upstream_v2
 
 
 def test_warmup_and_dummy_runs_are_left_to_the_line(line):

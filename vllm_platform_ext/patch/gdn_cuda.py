@@ -47,11 +47,13 @@ fixed layer, took 0.28-0.31 for "neither old nor fixed" and left them unpatched:
   on steps without drafts, so the group selects the spec tokens' gates for that call.
 
 Model runner v2 (``vllm/v1/worker/gpu/``): the CUDA default from 0.29 wherever it supports the config
-(MTP does; ngram, suffix and mamba cache mode ``all`` fall back to V1), the only runner of 0.34. Its
-``model_states/mamba_hybrid.py`` keeps decode rows without drafts as spec rows from 0.33 (0.34: the probe
-skips with that line as evidence); on 0.29-0.31 it does not, and is not patched here: under MTP a decode row
-has no drafts only where the scheduler trims them (a request at its length limit), and ngram -- where rows
-without drafts are common -- always runs V1. Not covered either: the ROCm ``_forward_core_rocm`` path.
+(MTP does; ngram from 0.32; ``runner_choice``), the only runner of 0.34. Its ``model_states/mamba_hybrid.py``
+keeps decode rows without drafts as spec rows from 0.32 (0.34: the probe skips with that line as evidence);
+on 0.27-0.31 it marks them -1 (a decode row has no drafts under MTP where the scheduler trims them: a request
+at its length limit, a token budget spent). There the group also wraps ``MambaHybridModelState.prepare_attn``,
+which passes the accepted counts itself: inside it the builder wrapper makes such rows zero-draft spec rows,
+and a capture is marked as the V1 runner's is. v2 of 0.22-0.26 (opt-in there) is not covered, nor the ROCm
+``_forward_core_rocm`` path.
 """
 from __future__ import annotations
 
@@ -85,6 +87,9 @@ _OLD_SUM_GATE = re.compile(r"num_decode_draft_tokens_cpu\[\s*(?:num_decode_draft
 # model runner v2 (0.33+; the only runner of 0.34): decode rows without drafts stay spec rows
 V2_MODULE = "vllm.v1.worker.gpu.model_states.mamba_hybrid"
 _V2_ZERO_DRAFT_FIX = re.compile(r"np\.where\(\s*is_decode,\s*num_draft_tokens_per_req,\s*-1\s*\)")
+# model runner v2 of 0.27-0.31: only rows that drafted are spec rows (the CUDA default for MTP from 0.29)
+_V2_OLD_MASK = re.compile(r"spec_decode_mask\s*=\s*\(\s*num_draft_tokens_per_req\s*>\s*0\s*\)\s*&\s*is_decode")
+V2_TARGET = f"{V2_MODULE}:MambaHybridModelState.prepare_attn"
 # old runner: GDN builders get the accepted counts only on steps where some request drafted
 _RUNNER_GATE = re.compile(r"if\s+use_spec_decode\s+and\s+isinstance\(\s*builder,\s*\([^)]*GDNAttentionMetadataBuilder",
                           re.S)
@@ -112,6 +117,8 @@ _STEP_ACCEPTED: contextvars.ContextVar = contextvars.ContextVar("gdn_cuda_step_a
 # the GDN metadata of the layer whose _forward_core is running (layer patch -> gating patch)
 _LAYER_METADATA: contextvars.ContextVar = contextvars.ContextVar("gdn_cuda_layer_metadata", default=None)
 CAPTURE = "cudagraph-capture"
+# a scheduled step of model runner v2, which passes the accepted counts to the builder itself
+V2_STEP = "model-runner-v2-step"
 
 
 def _line_of(text: str, m: re.Match) -> int:
@@ -156,6 +163,7 @@ def probe(sources: Callable[[str], tuple[str, str] | None] = module_source) -> d
         "layer_spec_gates": (LAYER_MODULE, _LAYER_SPEC_GATES),
         "layer_spec_gates_fixed": (LAYER_MODULE, _LAYER_SPEC_GATES_FIXED),
         "v2_runner_fix": (V2_MODULE, _V2_ZERO_DRAFT_FIX),
+        "v2_runner_old": (V2_MODULE, _V2_OLD_MASK),
     }
     out: dict[str, Any] = dict.fromkeys(checks)
     texts: dict[str, tuple[str, str] | None] = {}
@@ -174,7 +182,7 @@ def probe(sources: Callable[[str], tuple[str, str] | None] = module_source) -> d
 
 def skip_reason(p: dict[str, Any] | None = None) -> str | None:
     p = probe() if p is None else p
-    if p["runner_fix"] and p["builder_spec_mask"] and not p["builder_sum_gate"]:
+    if p["runner_fix"] and p["builder_spec_mask"] and not p["builder_sum_gate"] and not p["v2_runner_old"]:
         return ("upstream already runs zero-draft decode rows on the speculative path: "
                 f"runner zero_draft_decode_mask at {p['runner_fix']}, builder '>= 0' spec mask at "
                 f"{p['builder_spec_mask']}, no all-zero-draft sum gate")
@@ -236,7 +244,7 @@ def _make_build(orig: Callable) -> Callable:
         m = common_attn_metadata
         step = _STEP_ACCEPTED.get()  # None outside a scheduled step or a capture: leave all to upstream
         if step is not None and getattr(self, "use_spec_decode", False):
-            if num_accepted_tokens is None and step is not CAPTURE:
+            if num_accepted_tokens is None and step is not CAPTURE and step is not V2_STEP:
                 num_accepted_tokens = step[: m.num_reqs]
             if num_accepted_tokens is not None:
                 num_decode_draft_tokens_cpu = spec_row_drafts(
@@ -274,6 +282,27 @@ def _make_runner_build_attention_metadata(orig: Callable) -> Callable:
     return _build_attention_metadata
 
 
+def _make_v2_prepare_attn(orig: Callable) -> Callable:
+    """Model runner v2 (0.27-0.31): its ``prepare_attn`` hands the GDN builder the accepted counts on every
+    scheduled step but marks a decode row without drafts ``-1``; inside it the builder wrapper makes such rows
+    zero-draft spec rows, as 0.32+ do themselves. A capture (``for_capture``) is marked as the V1 runner's is,
+    so one-token rows are captured on the path their replays take."""
+    sig = inspect.signature(orig)
+    if "for_capture" not in sig.parameters:
+        raise TypeError("MambaHybridModelState.prepare_attn has no parameter 'for_capture'")
+
+    def prepare_attn(self, *args, **kwargs):
+        capture = sig.bind(self, *args, **kwargs).arguments.get("for_capture", False)
+        token = _STEP_ACCEPTED.set(CAPTURE if capture else V2_STEP)
+        try:
+            return orig(self, *args, **kwargs)
+        finally:
+            _STEP_ACCEPTED.reset(token)
+
+    prepare_attn.__wrapped__ = orig
+    return prepare_attn
+
+
 def _make_forward_core(orig: Callable) -> Callable:
     from vllm.forward_context import get_forward_context
 
@@ -309,9 +338,12 @@ def _make_gating(orig: Callable) -> Callable:
 
 def _patches() -> list[Patch]:
     build, runner, core, gating = targets()
+    p = probe()
     patches = [Patch(build, _make_build), Patch(runner, _make_runner_build_attention_metadata)]
-    if layer_needs_patch():
+    if layer_needs_patch(p):
         patches += [Patch(core, _make_forward_core), Patch(gating, _make_gating)]
+    if p["v2_runner_old"]:
+        patches.append(Patch(V2_TARGET, _make_v2_prepare_attn))
     return patches
 
 
@@ -322,7 +354,7 @@ def groups() -> list[PatchGroup]:
             why="zero-draft decode rows read the accepted SSM slot / conv offset (spec path), vllm#39273",
             build=_patches,
             skip_if=skip_reason,
-            targets=(BUILD_TARGET, RUNNER_TARGET, *(f"{m}:{c}._forward_core" for m, c in LAYER_LOCATIONS),
+            targets=(BUILD_TARGET, RUNNER_TARGET, V2_TARGET, *(f"{m}:{c}._forward_core" for m, c in LAYER_LOCATIONS),
                      *(f"{m}:fused_sigmoid_gating_delta_rule_update" for m, _ in LAYER_LOCATIONS)),
             upstream="vllm#39273 / PR #40738 (seeds/000); vLLM 0.32 runs such rows on the spec path itself "
                      "(runner zero_draft_decode_mask, builder '>= 0' spec mask), 0.34's model runner v2 too; the "
