@@ -256,6 +256,15 @@ def _make_build(orig: Callable) -> Callable:
     return build
 
 
+def _in_step(step: Any, fn: Callable, *args, **kwargs) -> Any:
+    """``fn(*args, **kwargs)`` with ``step`` offered to the builder wrapper (:data:`_STEP_ACCEPTED`)."""
+    token = _STEP_ACCEPTED.set(step)
+    try:
+        return fn(*args, **kwargs)
+    finally:
+        _STEP_ACCEPTED.reset(token)
+
+
 def _make_runner_build_attention_metadata(orig: Callable) -> Callable:
     sig = inspect.signature(orig)
     for name in ("num_reqs", "num_reqs_padded", "for_cudagraph_capture", "num_scheduled_tokens"):
@@ -272,11 +281,7 @@ def _make_runner_build_attention_metadata(orig: Callable) -> Callable:
             elif bound.get("num_scheduled_tokens") is not None:  # execute_model; _dummy_run passes none
                 n = bound.get("num_reqs_padded") or bound["num_reqs"]
                 accepted = self.num_accepted_tokens.gpu[:n]
-        token = _STEP_ACCEPTED.set(accepted)
-        try:
-            return orig(self, *args, **kwargs)
-        finally:
-            _STEP_ACCEPTED.reset(token)
+        return _in_step(accepted, orig, self, *args, **kwargs)
 
     _build_attention_metadata.__wrapped__ = orig
     return _build_attention_metadata
@@ -293,11 +298,7 @@ def _make_v2_prepare_attn(orig: Callable) -> Callable:
 
     def prepare_attn(self, *args, **kwargs):
         capture = sig.bind(self, *args, **kwargs).arguments.get("for_capture", False)
-        token = _STEP_ACCEPTED.set(CAPTURE if capture else V2_STEP)
-        try:
-            return orig(self, *args, **kwargs)
-        finally:
-            _STEP_ACCEPTED.reset(token)
+        return _in_step(CAPTURE if capture else V2_STEP, orig, self, *args, **kwargs)
 
     prepare_attn.__wrapped__ = orig
     return prepare_attn
