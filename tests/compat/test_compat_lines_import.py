@@ -109,9 +109,10 @@ except ImportError:
     lib = "absent"
 import vllm_platform_ext as v
 from vllm_platform_ext import compat, runner_choice
+import os
+os.environ.pop("VLLM_USE_V2_MODEL_RUNNER", None)  # the line's default first, whatever the host sets
 runners = {f"{m}/{mode}": runner_choice.cuda_runner(m, mamba_cache_mode=mode)["runner"]
            for m in ("mtp", "ngram") for mode in ("none", "all")}
-import os
 for setting in ("0", "1"):  # the user's choice wins where the line has both runners
     os.environ["VLLM_USE_V2_MODEL_RUNNER"] = setting
     runners[f"mtp/none/VLLM_USE_V2_MODEL_RUNNER={setting}"] = runner_choice.cuda_runner("mtp")["runner"]
