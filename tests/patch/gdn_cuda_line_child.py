@@ -140,6 +140,13 @@ def _old_side() -> dict:  # runs on the line's own vLLM
             common(decodes)))
         return r
 
+    def attn_group(bld):
+        """One attention group of the GDN layer, as the runners hold it (0.33 builds through the group: its kernel
+        block table is the same here)."""
+        return NS(get_metadata_builder=lambda ubid=0: bld, kv_cache_spec=bld.kv_cache_spec, layer_names=[PREFIX],
+                  build_metadata=lambda cm, ubid=0, common_prefix_len=0, **kw: bld.build(common_prefix_len, cm, **kw),
+                  build_metadata_for_cudagraph_capture=lambda cm, ubid=0: bld.build_for_cudagraph_capture(cm))
+
     def runner_run(use_spec_decode, dummy=False):
         """The old runner's real _build_attention_metadata on a minimal stand-in runner: a
         scheduled step (``num_scheduled_tokens`` passed, as execute_model does), or with
@@ -153,10 +160,7 @@ def _old_side() -> dict:  # runs on the line's own vLLM
             stale, acc = torch.zeros(8, dtype=torch.int32), torch.zeros(8, dtype=torch.int32)
         fake = NS(
             kv_cache_config=NS(kv_cache_groups=[NS(kv_cache_spec=bld.kv_cache_spec)]),
-            attn_groups=[[NS(get_metadata_builder=lambda ubid=0: bld, layer_names=[PREFIX],
-                             # 0.33 builds through the group (its kernel block table: the same here)
-                             build_metadata=lambda cm, ubid=0, common_prefix_len=0, **kw: bld.build(
-                                 common_prefix_len, cm, **kw))]],
+            attn_groups=[[attn_group(bld)]],
             max_model_len=4096, optimistic_seq_lens_cpu=b["seq"], device=torch.device("cpu"),
             input_batch=NS(block_table=[NS(get_device_tensor=lambda n: b["bt"][:n])],
                            num_computed_tokens_cpu_tensor=b["computed"], num_prompt_tokens_cpu_tensor=b["prompt"]),
@@ -249,13 +253,8 @@ def _old_side() -> dict:  # runs on the line's own vLLM
                     num_draft_tokens_per_req=None if drafts is None else np.array(drafts, dtype=np.int32),
                     seq_lens=b["seq"], dcp_local_seq_lens=None, positions=torch.zeros(b["T"], dtype=torch.long),
                     prompt_lens=b["prompt"])
-            groups = [[NS(get_metadata_builder=lambda ubid=0: bld, kv_cache_spec=bld.kv_cache_spec,
-                          layer_names=[PREFIX],  # 0.33 builds through the group
-                          build_metadata=lambda cm, ubid=0, common_prefix_len=0, **kw: bld.build(
-                              common_prefix_len, cm, **kw),
-                          build_metadata_for_cudagraph_capture=lambda cm, ubid=0: bld.build_for_cudagraph_capture(
-                              cm))]]
-            md = prepare(state, ib, CUDAGraphMode.NONE, (b["bt"],), torch.zeros(1, b["T"], dtype=torch.long), groups,
+            md = prepare(state, ib, CUDAGraphMode.NONE, (b["bt"],), torch.zeros(1, b["T"], dtype=torch.long),
+                         [[attn_group(bld)]],
                          NS(kv_cache_groups=[NS(kv_cache_spec=bld.kv_cache_spec)]), for_capture=for_capture)
             return summary(md[PREFIX])
 

@@ -140,7 +140,8 @@ def layer_location(exists: Callable[[str], bool] = _exists) -> tuple[str, str]:
 
 
 def targets() -> tuple[str, str, str, str]:
-    """The group's four targets: builder, runner, layer ``_forward_core``, layer's gating kernel name."""
+    """Four of the group's targets: builder, V1 runner, layer ``_forward_core``, layer's gating kernel name (the
+    layer's two are patched where it is old; v2's ``prepare_attn``, :data:`V2_TARGET`, where v2 is old)."""
     module, cls = layer_location()
     return (BUILD_TARGET, RUNNER_TARGET, f"{module}:{cls}._forward_core",
             f"{module}:fused_sigmoid_gating_delta_rule_update")
