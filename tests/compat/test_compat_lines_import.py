@@ -117,9 +117,19 @@ for setting in ("0", "1"):  # the user's choice wins where the line has both run
     os.environ["VLLM_USE_V2_MODEL_RUNNER"] = setting
     runners[f"mtp/none/VLLM_USE_V2_MODEL_RUNNER={setting}"] = runner_choice.cuda_runner("mtp")["runner"]
 del os.environ["VLLM_USE_V2_MODEL_RUNNER"]
+import dataclasses
+from vllm.config.speculative import SpeculativeConfig
+from vllm_platform_ext.patch.turboquant import spec_verify
+adaptive = {"default": {f.name: f.default for f in dataclasses.fields(SpeculativeConfig)}.get(spec_verify.ADAPTIVE,
+                                                                                              "absent")}
+for mod, cls in (("turboquant_attn", "TurboQuantAttentionBackend"), ("gdn_attn", "GDNAttentionBackend")):
+    backend = getattr(importlib.import_module("vllm.v1.attention.backends." + mod), cls)
+    accepts = getattr(backend, "supports_device_cpu_query_lens_mismatch", None)
+    adaptive[cls] = "absent" if accepts is None else accepts()
 info = v.bootstrap.info()
 print("JSON" + json.dumps({"vllm": vllm.__version__, "file": vllm.__file__, "imports": res, "kernel_library": lib,
                            "summary": info["summary"], "table": compat.table_info(), "runners": runners,
+                           "adaptive": adaptive,
                            "failed": [e for e in info["entries"] if e["status"] == "failed"],
                            "groups": {e["name"]: [e["status"], e["detail"]] for e in info["entries"]
                                       if e["step"] in ("patch", "quant")}}))
@@ -216,3 +226,24 @@ def test_cpu_gdn_probe_on_each_lines_source(key):
         assert gdn_cpu.state_order(space["_ssm_state_view"]) == "kv"
         # the native recurrence kernel's call the steady steps make after the plugin's conv: this line's own
         assert gdn_cpu.spec_forward_call(source)
+
+
+# line -> adaptive verification (model runner v2's device-side trimming of verify requests): the default of the
+# SpeculativeConfig field the TurboQuant route reads (``spec_verify.ADAPTIVE``), and whether each backend takes a
+# batch whose device query_start_loc disagrees with the CPU one (``supports_device_cpu_query_lens_mismatch``).
+NO_ADAPTIVE = {"default": "absent", "TurboQuantAttentionBackend": "absent", "GDNAttentionBackend": "absent"}
+ADAPTIVE = every_line(
+    _span((0, 22), (0, 27), NO_ADAPTIVE)
+    | _span((0, 28), (0, 33), {"default": False, "TurboQuantAttentionBackend": True, "GDNAttentionBackend": False})
+    | _span((0, 34), LAST, {"default": False, "TurboQuantAttentionBackend": True, "GDNAttentionBackend": True}),
+    "adaptive verification")
+
+
+def test_adaptive_verification_reaches_turboquant(line):
+    """From 0.28 vLLM's TurboQuant backend accepts adaptive verification (the base class's answer: not an SSM);
+    the GDN backend refuses it on 0.28-0.33 and takes it from 0.34, so a Qwen3.5 / 3.6 engine on TurboQuant KV
+    meets it there (a non-hybrid model on every line from 0.28). The TurboQuant route plans rows from the CPU
+    query lengths, so it stands down where it is on (``spec_verify.route_spec_tokens``,
+    tests/patch/test_turboquant_wiring.py); the field it reads has the line's name and is off by default."""
+    key, got = line
+    assert got["adaptive"] == ADAPTIVE[key], (key, got["adaptive"])

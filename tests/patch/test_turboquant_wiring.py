@@ -196,6 +196,44 @@ def test_build_tags_metadata(patched, monkeypatch):
     assert callable(orig)
 
 
+def test_adaptive_verification_keeps_vllms_path(patched):
+    """Model runner v2's adaptive verification (vLLM 0.28+) trims verify requests on the device after the
+    metadata is built: the route's rows, planned from the CPU query lengths, would belong to other requests.
+    With it on, no batch is tagged, vLLM's own graph support stands, and the report says why, once."""
+    from vllm_platform_ext.report import Report, current, set_current
+
+    adaptive = SimpleNamespace(speculative_config=SimpleNamespace(num_speculative_tokens=3, method="mtp",
+                                                                  enable_adaptive_verification=True))
+    plain = SimpleNamespace(speculative_config=SimpleNamespace(num_speculative_tokens=3, method="mtp",
+                                                               enable_adaptive_verification=False))
+    md = tq.TurboQuantMetadata(seq_lens=torch.ones(2, dtype=torch.int32), slot_mapping=torch.zeros(8),
+                               block_table=torch.zeros(2, 1, dtype=torch.int32),
+                               query_start_loc=torch.tensor([0, 4, 8]))
+    cam = SimpleNamespace(query_start_loc_cpu=torch.tensor([0, 4, 8]), num_actual_tokens=8, max_query_len=4)
+    ngram = SimpleNamespace(query_start_loc_cpu=torch.tensor([0, 4, 5]), num_actual_tokens=5, max_query_len=4)
+    build = wiring._build_factory(lambda self, cpl, c, fast_build=False: md)
+    before, report = current(), Report()
+    set_current(report)
+    wiring._ADAPTIVE_REPORTED.clear()
+    try:
+        assert build(SimpleNamespace(vllm_config=plain), 0, cam).verify_k1 == 4  # the control: same batch, route on
+        for c in (cam, ngram):
+            got = build(SimpleNamespace(vllm_config=adaptive), 0, c)
+            assert got.verify_k1 == 0 and got.verify_rows is None
+        orig = patching.original(f"{wiring.MOD}:TurboQuantMetadataBuilder.get_cudagraph_support")
+        assert tq.TurboQuantMetadataBuilder.get_cudagraph_support(adaptive, None) == \
+            orig.__get__(None, tq.TurboQuantMetadataBuilder)(adaptive, None)
+        from vllm.v1.attention.backend import AttentionCGSupport
+
+        assert tq.TurboQuantMetadataBuilder.get_cudagraph_support(plain, None) == AttentionCGSupport.UNIFORM_BATCH
+        skipped = [e for e in report.entries if e.name == f"{wiring.NAME} route"]
+        assert len(skipped) == 1 and skipped[0].status.value == "skipped"
+        assert "enable_adaptive_verification" in skipped[0].detail and "vLLM's TurboQuant path" in skipped[0].detail
+    finally:
+        set_current(before)
+        wiring._ADAPTIVE_REPORTED.clear()
+
+
 def _impl(preset, hq, hk, d, num_spec):
     impl = tq.TurboQuantAttentionImpl.__new__(tq.TurboQuantAttentionImpl)
     from vllm.model_executor.layers.quantization.turboquant.config import TurboQuantConfig

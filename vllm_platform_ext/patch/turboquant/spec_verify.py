@@ -47,6 +47,34 @@ def _num_spec_tokens(vllm_config: Any) -> int:
     return int(getattr(spec, "num_speculative_tokens", 0) or 0) if spec is not None else 0
 
 
+ADAPTIVE = "enable_adaptive_verification"  # SpeculativeConfig, vLLM 0.28+ (model runner v2, FULL graphs only)
+_ADAPTIVE_WHY = ("adaptive verification (speculative_config.enable_adaptive_verification) trims verify requests "
+                 "on the device, so the CPU query lengths this route plans its rows from are not the batch's "
+                 "(vLLM's AttentionBackend.supports_device_cpu_query_lens_mismatch): vLLM's TurboQuant path kept")
+_ADAPTIVE_REPORTED: list[bool] = []
+
+
+def route_spec_tokens(vllm_config: Any) -> int:
+    """The speculative width the route serves: the configured ``num_speculative_tokens``, or 0 (vLLM's
+    path for every batch, vLLM's own graph support) without speculation or with model runner v2's
+    adaptive verification on. That feature (vLLM 0.28+, opt-in, FULL graphs; vLLM refuses it for the
+    GDN backend on 0.28-0.33 and takes it from 0.34, so Qwen3.5 on TurboQuant KV meets it there)
+    rewrites ``query_start_loc`` on the device after the metadata is built, while the route takes
+    request ``r``'s rows from the CPU copy: it would attend with other requests' rows. Reported once
+    per process (tests/compat/test_compat_lines_import.py reads each line's field and backends)."""
+    spec = getattr(vllm_config, "speculative_config", None)
+    if spec is not None and getattr(spec, ADAPTIVE, False):
+        if not _ADAPTIVE_REPORTED:
+            _ADAPTIVE_REPORTED.append(True)
+            from vllm_platform_ext.report import current
+
+            report = current()
+            if report is not None:
+                report.skipped("patch", f"{NAME} route", _ADAPTIVE_WHY)
+        return 0
+    return _num_spec_tokens(vllm_config)
+
+
 # Uniform single-token decode batches of a speculative engine go to the op too (k1 = 1): vLLM's
 # decode kernel reads each KV head once per query head with one-warp programs; the op reads it once
 # per GQA group. The drafter runs two such passes a step (MTP k=3), eagerly; at batch 32 and 32K
@@ -233,7 +261,7 @@ def _route_op(impl: Any, device: torch.device):
 def _build_factory(orig):
     def build(self, common_prefix_len, common_attn_metadata, fast_build=False):
         md = orig(self, common_prefix_len, common_attn_metadata, fast_build)
-        nspec = _num_spec_tokens(self.vllm_config)
+        nspec = route_spec_tokens(self.vllm_config)
         md.verify_k1 = verify_width(common_attn_metadata, nspec)
         md.verify_rows = None if md.verify_k1 else verify_rows(common_attn_metadata, nspec, md.seq_lens.device)
         return md
@@ -247,7 +275,7 @@ def _init_factory(orig):
         from vllm.config import get_current_vllm_config
 
         cfg = get_current_vllm_config()
-        self._pe_num_spec = _num_spec_tokens(cfg)
+        self._pe_num_spec = route_spec_tokens(cfg)
         self._pe_max_num_seqs = int(cfg.scheduler_config.max_num_seqs)
         self._pe_ws_rows = workspace_rows(self._pe_max_num_seqs, self._pe_num_spec)
         self._pe_route = envs.tq_verify_route()  # "kernel", or "upstream_rows" (benchmark config R)
@@ -312,7 +340,7 @@ def _spec_method(vllm_config: Any) -> str:
 
 def _cg_support_factory(orig):
     def get_cudagraph_support(cls, vllm_config, kv_cache_spec):
-        if _num_spec_tokens(vllm_config) < 1:
+        if route_spec_tokens(vllm_config) < 1:
             return orig(cls, vllm_config, kv_cache_spec)
         from vllm.v1.attention.backend import AttentionCGSupport
 
