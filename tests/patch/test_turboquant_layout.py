@@ -95,7 +95,7 @@ def test_check_names_the_mismatch(shape, heads, slot, match):
 def report(monkeypatch):
     rep = Report()
     monkeypatch.setattr(vllm_platform_ext.report, "current", lambda: rep)
-    monkeypatch.setattr(wiring, "_MISMATCH_REPORTED", set())
+    monkeypatch.setattr(wiring, "_REPORTED", set())
     return rep
 
 

@@ -214,7 +214,7 @@ def test_adaptive_verification_keeps_vllms_path(patched):
     build = wiring._build_factory(lambda self, cpl, c, fast_build=False: md)
     before, report = current(), Report()
     set_current(report)
-    wiring._ADAPTIVE_REPORTED.clear()
+    wiring._REPORTED.discard(wiring._ADAPTIVE_WHY)
     try:
         assert build(SimpleNamespace(vllm_config=plain), 0, cam).verify_k1 == 4  # the control: same batch, route on
         for c in (cam, ngram):
@@ -231,7 +231,7 @@ def test_adaptive_verification_keeps_vllms_path(patched):
         assert "enable_adaptive_verification" in skipped[0].detail and "vLLM's TurboQuant path" in skipped[0].detail
     finally:
         set_current(before)
-        wiring._ADAPTIVE_REPORTED.clear()
+        wiring._REPORTED.discard(wiring._ADAPTIVE_WHY)
 
 
 def _impl(preset, hq, hk, d, num_spec):

@@ -51,7 +51,6 @@ ADAPTIVE = "enable_adaptive_verification"  # SpeculativeConfig, vLLM 0.28+ (mode
 _ADAPTIVE_WHY = ("adaptive verification (speculative_config.enable_adaptive_verification) trims verify requests "
                  "on the device, so the CPU query lengths this route plans its rows from are not the batch's "
                  "(vLLM's AttentionBackend.supports_device_cpu_query_lens_mismatch): vLLM's TurboQuant path kept")
-_ADAPTIVE_REPORTED: list[bool] = []
 
 
 def route_spec_tokens(vllm_config: Any) -> int:
@@ -64,13 +63,7 @@ def route_spec_tokens(vllm_config: Any) -> int:
     per process (tests/compat/test_compat_lines_import.py reads each line's field and backends)."""
     spec = getattr(vllm_config, "speculative_config", None)
     if spec is not None and getattr(spec, ADAPTIVE, False):
-        if not _ADAPTIVE_REPORTED:
-            _ADAPTIVE_REPORTED.append(True)
-            from vllm_platform_ext.report import current
-
-            report = current()
-            if report is not None:
-                report.skipped("patch", f"{NAME} route", _ADAPTIVE_WHY)
+        _report_once(f"{NAME} route", "skipped", _ADAPTIVE_WHY)
         return 0
     return _num_spec_tokens(vllm_config)
 
@@ -132,7 +125,7 @@ def _route_ok(impl: Any, attn_metadata: Any) -> int:
     return 1 if getattr(attn_metadata, "verify_rows", None) is not None else 0
 
 
-_MISMATCH_REPORTED: set[str] = set()
+_REPORTED: set[str] = set()  # what this process has reported about the route (each once, not per layer and step)
 # Forward calls in this process (patch/routes.py): routed to the op as K+1 verify batches ("k1"), as
 # one row per token ("rows"), as single-token decode ("decode"); tagged but left to vLLM because a
 # tensor broke the op's contract ("declined"); never tagged ("vllm": prefill / mixed batches).
@@ -163,17 +156,23 @@ def _op_cache_view(impl: Any, kv_cache: torch.Tensor) -> torch.Tensor | None:
     return None
 
 
-def _report_mismatch(reason: str) -> None:
-    """A tensor vLLM handed over is not what the op documents: reported once per distinct reason
-    (not per layer and step) as a failure of the route; the caller keeps vLLM's path."""
-    if reason in _MISMATCH_REPORTED:
+def _report_once(name: str, status: str, detail: str) -> None:
+    """``detail`` in this process's bootstrap report as ``status`` ("failed" / "skipped") of ``name``, the
+    first time it comes (the route decides per layer and step)."""
+    if detail in _REPORTED:
         return
-    _MISMATCH_REPORTED.add(reason)
+    _REPORTED.add(detail)
     from vllm_platform_ext.report import current
 
     report = current()
     if report is not None:
-        report.failed("patch", f"{NAME} engine tensors", f"{reason}: verify batches keep vLLM's path")
+        getattr(report, status)("patch", name, detail)
+
+
+def _report_mismatch(reason: str) -> None:
+    """A tensor vLLM handed over is not what the op documents: reported once per distinct reason
+    as a failure of the route; the caller keeps vLLM's path."""
+    _report_once(f"{NAME} engine tensors", "failed", f"{reason}: verify batches keep vLLM's path")
 
 
 _INT = (torch.int32, torch.int64)
