@@ -31,7 +31,7 @@ def test_every_full_decode_graph_is_captured_on_the_route(key):
     got = run_line_child(key, [CHILD])
     assert got["vllm"].startswith(f"{key[0]}.{key[1]}."), got["vllm"]
     assert got["capture_call"] == CALL[key], got
-    assert got["prepare_attn_promised"] == (CALL[key] == "promised"), got
+    assert got["prepare_attn_promised"] == got["fills_none"] == (CALL[key] == "promised"), got
     full = got["full"]
     assert len(full) >= 8, full  # request counts 1..64 at K+1 tokens each
     assert {r["uniform"] for r in full} == {K1}, full

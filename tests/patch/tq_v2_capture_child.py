@@ -2,10 +2,10 @@
 
 The line's ``CudaGraphManager._init_candidates`` makes the capture descriptors of an MTP k=3 engine in vLLM's
 default graph mode (FULL_AND_PIECEWISE); for each FULL one the line's ``InputBatch.make_dummy`` makes the dummy
-batch the capture runs with the max query length the capture passes (``desc.max_query_len or
-desc.uniform_token_count``), and the TurboQuant route's builder tag (``spec_verify.verify_width``) is computed
-on what ``MambaHybridModelState.prepare_attn`` hands the builders at capture (CUDAGraphMode.NONE: the batch's own
-tokens, the CPU ``query_start_loc``, the promised ``max_query_len``). Prints ``JSON{...}``.
+batch the capture runs with the max query length the line's capture passes, and the TurboQuant route's builder
+tag (``spec_verify.verify_width``) is computed on what ``MambaHybridModelState.prepare_attn`` hands the builders
+at capture (CUDAGraphMode.NONE: the batch's own tokens, the CPU ``query_start_loc``, the promised or the measured
+``max_query_len``, as the line spells it). Prints ``JSON{...}``.
 """
 from __future__ import annotations
 
@@ -54,9 +54,9 @@ def main() -> None:
     from vllm.v1.worker.gpu.model_states.mamba_hybrid import MambaHybridModelState
 
     if "max_query_len=desc.max_query_len or desc.uniform_token_count" in capture_src:
-        call = "promised"  # 0.30+: the descriptor's promise, else its uniform width
+        call = "promised"  # 0.31+: the descriptor's promise, else its uniform width
     elif "max_query_len=desc.max_query_len," in capture_src:
-        call = "descriptor"  # 0.29: the descriptor's own (None for uniform decode graphs)
+        call = "descriptor"  # 0.29-0.30: the descriptor's own (None for uniform decode graphs)
     else:
         raise SystemExit("capture passes max_query_len in a spelling this child does not know")
     fills_none = "if full_cudagraph and max_query_len is None:" in inspect.getsource(cu.prepare_inputs_to_capture)
@@ -75,7 +75,6 @@ def main() -> None:
         rows.append({"num_tokens": d.num_tokens, "num_reqs": d.num_reqs, "uniform": d.uniform_token_count,
                      "max_query_len": cam.max_query_len, "tag": sv.verify_width(cam, K)})
     print("JSON" + json.dumps({"vllm": vllm.__version__, "file": vllm.__file__, "full": rows,
-                               "piecewise": len(mgr._capture_descs.get(CUDAGraphMode.PIECEWISE, [])),
                                "capture_call": call, "fills_none": fills_none, "prepare_attn_promised": promised}))
 
 
