@@ -1,11 +1,7 @@
 #!/usr/bin/env bash
 # Window 12 fallback (vLLM 0.26.0, bundle with FlashAttention 2 kept): issue 50's compressed-tensors kit on TurboQuant
 # k8v4 and FP8 block 128x128 on bf16 KV (engines only, judged on the host), issue 54's verify --model plugin on / off.
-export R=/tmp/r/w26; cd /tmp/x26/repo && . ci/gpu/window/lib.sh; export PYTHONUNBUFFERED=1; host_log
-nvidia-smi -L > $R/gpus; nproc > $R/nproc; cat /tmp/x26/commit > $R/commit; export VPE_COMMIT=$(cat /tmp/x26/commit)
-export VPE_REFERENCE_PYTHON=/opt/torch/.venv/bin/python VPE_REFERENCE_DEVICE=cuda HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
-export VLLM_USE_FLASHINFER_SAMPLER=0
-PY=/tmp/x26/venv/bin/python
+V=26; . /tmp/x26/repo/ci/gpu/window/next/plan_env.sh
 FB="fp8_block-mtp_bf16 mtp k=3 on kv=auto|fp8_block-mtp_quantized mtp k=3 on kv=auto|fp8_block-mtp_quantized mtp k=3 off kv=auto"
 SC='{"method": "mtp", "num_speculative_tokens": 3}'
 VM="--gpu-memory-utilization 0.06 --kv-cache-memory-bytes 2147483648 --max-model-len 512 --gdn-prefill-backend triton"

@@ -4,11 +4,7 @@
 # Lanes, at most 10 engines at once: P the prefix suite (vLLM's defaults: prefix caching on, mamba align; MTP k=3
 # and ngram k=3, plugin on / off), gk the GPTQ kit's quantized MTP layer on bf16 KV and k8v4 (engines only),
 # ct the compressed-tensors FP8 block 128x128 kit (engines only). The cells audit on the card after their engines.
-export R=/tmp/r/w31; cd /tmp/x31/repo && . ci/gpu/window/lib.sh; export PYTHONUNBUFFERED=1; host_log
-nvidia-smi -L > $R/gpus; nproc > $R/nproc; cat /tmp/x31/commit > $R/commit; export VPE_COMMIT=$(cat /tmp/x31/commit)
-export VPE_REFERENCE_PYTHON=/opt/torch/.venv/bin/python VPE_REFERENCE_DEVICE=cuda HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
-export VLLM_USE_FLASHINFER_SAMPLER=0
-PY=/tmp/x31/venv/bin/python
+V=31; . /tmp/x31/repo/ci/gpu/window/next/plan_env.sh
 GK="mtp_quantized mtp k=3 on kv=auto|mtp_quantized mtp k=3 off kv=auto|mtp_quantized mtp k=3 on kv=k8v4"
 CT="fp8_block-mtp_quantized mtp k=3 on kv=auto|fp8_block-mtp_bf16 mtp k=3 on kv=k8v4|fp8_block-mtp_bf16 base on kv=k8v4"
 job P 0-15 0 $PY -m vllm_platform_ext.testing.cells --suite prefix --parallel 4 --timeout 600 --out $R/P
