@@ -140,6 +140,28 @@ def test_complete_remakes_what_a_window_does_not_carry(root, tmp_path):
         ct_cells.complete(carried)
 
 
+def test_complete_asks_only_for_the_formats_a_run_carried(root, tmp_path):
+    """Window 12 carried FP8 block alone and ``run --formats fp8_block`` stopped on the missing W4A16 folders: a run
+    completes its own formats (``judge``: those its runs.json ran), and a format the kit never built is named."""
+    carried = tmp_path / "carried"
+    carried.mkdir()
+    shutil.copy2(root / ct_cells.KIT_FILE, carried / ct_cells.KIT_FILE)
+    for mode in MODES:
+        shutil.copytree(root / f"fp8_block-{mode}", carried / f"fp8_block-{mode}")
+    with pytest.raises(ct_kit.CtKitError, match="w4a16-mtp_bf16: missing"):
+        ct_cells.complete(carried)
+    ct_cells.complete(carried, ("fp8_block",))
+    assert sorted(p.name for p in carried.iterdir() if p.name.endswith("-deq")) == [f"fp8_block-{m}-deq" for m in MODES]
+    with pytest.raises(ct_kit.CtKitError, match=r"formats \['w8a8_int8'\] asked for"):
+        ct_cells.complete(carried, ("w8a8_int8",))
+    out = tmp_path / "out"
+    out.mkdir()
+    assert ct_cells.run_formats(out) is None  # no runs.json: every format, and judge names the missing file
+    (out / "runs.json").write_text(json.dumps({"groups": {"bf16|on": {}, "fp8_block-mtp_bf16|on": {},
+                                                          "fp8_block-mtp_quantized|off": {}}}))
+    assert ct_cells.run_formats(out) == ("fp8_block",)
+
+
 def test_cells_add_turboquant_which_the_cpu_drops():
     cells = ct_cells.cells()
     tq = [c for c in cells if c[4] != "auto"]

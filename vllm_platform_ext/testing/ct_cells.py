@@ -75,16 +75,23 @@ def build(root: str | os.PathLike, formats: tuple = ct_kit.FORMATS, kind: str = 
     return root
 
 
-def complete(root: str | os.PathLike) -> dict:
+def complete(root: str | os.PathLike, formats: tuple | None = None) -> dict:
     """Remake what a carried ROOT leaves out (the GPU window carries the quantized checkpoints only): the bf16 kit
     from the committed recall weights (checked against ``ct_kit.json``'s sha256) and each checkpoint's float32
-    dequantized twin (:func:`ct_kit.write_dequantized`: torch alone, no quantizer). Returns ``ct_kit.json``'s record
-    (a ROOT without it: the text kit at the CPU dims, whose twins ``build`` wrote)."""
+    dequantized twin (:func:`ct_kit.write_dequantized`: torch alone, no quantizer). ``formats``: the ones a run
+    asks for (default every one the record names; window 12 carried FP8 block alone and ``run --formats
+    fp8_block`` stopped on the missing W8A8 folders). Returns ``ct_kit.json``'s record (a ROOT without it: the
+    text kit at the CPU dims, whose twins ``build`` wrote)."""
     from vllm_platform_ext.testing.gptq_cells import kit_record
 
     root = Path(root)
     rec, bf16 = kit_record(root, KIT_FILE, ct_kit.CtKitError)
-    for fmt in rec.get("formats", ()):
+    built = tuple(rec.get("formats", ()))
+    wanted = built if formats is None else tuple(formats)
+    if set(wanted) - set(built):
+        raise ct_kit.CtKitError(f"{root / KIT_FILE}: formats {sorted(set(wanted) - set(built))} asked for, the kit "
+                                f"holds {list(built)}")
+    for fmt in wanted:
         for mode in ct_kit.MTP_MODES:
             d = root / f"{fmt}-mtp_{mode}"
             if not d.is_dir():
@@ -92,6 +99,17 @@ def complete(root: str | os.PathLike) -> dict:
             if not (root / f"{d.name}-deq" / "model.safetensors").is_file():
                 ct_kit.write_dequantized(d, bf16, root / f"{d.name}-deq")
     return rec
+
+
+def run_formats(out: str | os.PathLike) -> tuple | None:
+    """The formats whose checkpoints OUT/runs.json ran (group names ``<format>-mtp_<mode>|on``), for ``judge``."""
+    from vllm_platform_ext.testing import gptq_cells
+
+    path = Path(out) / gptq_cells.RUNS_FILE
+    if not path.is_file():
+        return None  # every format; gptq_cells.judge names the missing file
+    groups = json.loads(path.read_text())["groups"]
+    return tuple(sorted({name.rsplit("|", 1)[0].rsplit("-mtp_", 1)[0] for name in groups} - {"bf16"}))
 
 
 ACT_QUANT = ("w8a8_int8", "fp8_channel", "fp8_block")  # activations quantized: drift recorded, tokens judged
@@ -149,12 +167,12 @@ def main(argv: list[str] | None = None) -> int:
     from vllm_platform_ext.testing import gptq_cells
 
     if a.cmd == "judge":
-        rows = gptq_cells.judge(a.root, a.out, complete_root=complete)
+        rows = gptq_cells.judge(a.root, a.out, complete_root=lambda r: complete(r, run_formats(a.out)))
         return 0 if all(r["status"] == "pass" for r in rows) else 1
     rows = gptq_cells.run(a.root, a.out, a.graphs, a.parallel, a.timeout, a.max_tokens, a.only,
                           cells=cells(tuple(a.formats), ngram=tuple(a.ngram)),
                           drift_recorded=lambda ckpt: ckpt.split("-")[0] in ACT_QUANT,
-                          engines_only=a.engines_only, complete_root=complete)
+                          engines_only=a.engines_only, complete_root=lambda r: complete(r, tuple(a.formats)))
     if a.engines_only:
         print(f"{Path(a.out) / gptq_cells.RUNS_FILE}: every engine group's runs; audit with: ct_cells judge "
               f"{a.root} {a.out}")
