@@ -472,7 +472,7 @@ NO_RESULT_FILE: dict[str, dict[str, str]] = {
     },
     "docs/gpu_harness.md": {
         "64 MiB": "the device machine's limit per call (bundle.CARRY_LIMIT_MIB), not a measurement",
-        "34 MiB": "bundle.PART_MIB, a setting",
+        "32 MiB": "bundle.PART_MIB, a setting",
         "2 GiB": "cell_suites.KV_CACHE_BYTES, a setting",
         "30 s": "the device machine's idle release, its documented behaviour",
         "20 s": "poll.sh's period, a setting",

@@ -35,6 +35,16 @@ With random sampling in the batch it stays the substitute, which the sampler jud
 forward ran on that very id, so an accepted substitute is the target's own choice); the -1 convention
 is not relied on there, since not every line's kernel honours it (above). The host lists are put in the
 vocabulary the same way after each writer (k ids a request, on the host).
+
+Model runner v2 (0.29-0.34, read, not patched; 2026-12-07): its verify ids come from the device
+(``req_states.draft_tokens``, the drafter's own output, copied into ``input_ids`` by
+``_combine_sampled_and_draft_tokens_kernel`` with no clamp); the scheduler's host lists are read for
+their lengths and keys only, so its -1 padding never reaches a v2 buffer. Its own -1s (the dynamic-K
+tail from 0.32, prefill placeholders) are never scheduled and its rejection kernels reject ids < 0; the
+ngram proposer on v2 (0.32+) pads short matches with the last sampled token. Nothing in v2 caps an id
+>= vocab_size (a drafter whose configured vocabulary exceeds the target's would reach the embedding and
+the random sampler's gather; a padded ``lm_head`` is cut to the vocabulary by ``LogitsProcessor``), but no
+drafter it ships emits one: safe by construction, not by a check.
 """
 from __future__ import annotations
 
